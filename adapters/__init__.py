@@ -1,0 +1,1 @@
+"""One module per engine; `registry` maps engine names to them with lazy imports."""

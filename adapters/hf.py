@@ -1,0 +1,124 @@
+"""HF transformers engine: model.generate() on CPU, raw per-step logits -> top-k logprobs."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+from adapters.base import EngineOptions, greedy_ignored, top_k_of
+from harness.types import Request, Result, SamplingParams, Translation
+
+
+class Options(EngineOptions):
+    attn_implementation: Literal["eager", "sdpa"] = "sdpa"
+    batched: bool = False  # True: cases with equal params go through generate() together, left-padded
+
+
+class Engine:
+    def __init__(self, name: str, model_path: Path, dtype: str, options: dict[str, Any], workdir: Path):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.name, self.options = name, Options(**options)
+        self.torch = torch
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer.padding_side = "left"
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=getattr(torch, dtype), attn_implementation=self.options.attn_implementation)
+        self.model.eval()
+        self.eos_ids = set(self._as_list(self.model.generation_config.eos_token_id))
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
+
+    @staticmethod
+    def _as_list(value) -> list[int]:
+        return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+
+    def versions(self) -> dict[str, str]:
+        import transformers
+
+        return {"transformers": transformers.__version__, "torch": self.torch.__version__}
+
+    def translate(self, params: SamplingParams, top_logprobs: int) -> Translation:
+        warnings = greedy_ignored(params)
+        native: dict[str, Any] = {"max_new_tokens": params.max_new_tokens, "do_sample": not params.greedy}
+        if params.greedy:
+            native.update(temperature=None, top_k=None, top_p=None)
+        else:
+            # Unset truncation means none, as in the canonical vocabulary (HF's own default would be top_k=50).
+            native.update(temperature=params.temperature or 1.0, top_k=params.top_k or 0, top_p=params.top_p or 1.0)
+            if params.min_p is not None:
+                native["min_p"] = params.min_p
+        if params.repetition_penalty is not None:
+            native["repetition_penalty"] = params.repetition_penalty
+        for penalty in ("frequency_penalty", "presence_penalty"):
+            if getattr(params, penalty):
+                warnings.append(f"{penalty}={getattr(params, penalty)} NOT APPLIED: HF generate has no "
+                                f"{penalty} (its repetition_penalty is multiplicative and has other semantics)")
+        if params.min_new_tokens:
+            native["min_new_tokens"] = params.min_new_tokens
+        if params.ignore_eos:
+            native["min_new_tokens"] = params.max_new_tokens  # HF has no ignore_eos: forbid EOS until the end
+        if params.stop:
+            native["stop_strings"] = list(params.stop)
+        if params.seed is not None:
+            native["torch_manual_seed"] = params.seed
+        return Translation(native, warnings)
+
+    def generate(self, requests: list[Request]) -> Iterator[Result]:
+        if not self.options.batched:
+            for request in requests:
+                yield from self._generate_batch([request])
+            return
+        groups: dict[str, list[Request]] = {}
+        for request in requests:
+            groups.setdefault(request.params.model_dump_json(), []).append(request)
+        for group in groups.values():
+            yield from self._generate_batch(group)
+
+    def _generate_batch(self, batch: list[Request]) -> Iterator[Result]:
+        torch = self.torch
+        translation = self.translate(batch[0].params, batch[0].top_logprobs)
+        kwargs = {k: v for k, v in translation.native_params.items() if k != "torch_manual_seed"}
+        if "torch_manual_seed" in translation.native_params:
+            torch.manual_seed(translation.native_params["torch_manual_seed"])
+        if "stop_strings" in kwargs:
+            kwargs["tokenizer"] = self.tokenizer
+        width = max(len(r.prompt_ids) for r in batch)
+        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, request in enumerate(batch):
+            input_ids[row, width - len(request.prompt_ids):] = torch.tensor(request.prompt_ids)
+            attention[row, width - len(request.prompt_ids):] = 1
+        started = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention, pad_token_id=self.pad_id,
+                                      return_dict_in_generate=True, output_logits=True, **kwargs)
+        elapsed = time.perf_counter() - started
+        generated = out.sequences[:, width:]
+        logprobs = torch.stack(out.logits, dim=1).float().log_softmax(dim=-1)  # [batch, steps, vocab], raw logits
+        k = batch[0].top_logprobs
+        for row, request in enumerate(batch):
+            ids = generated[row].tolist()
+            n, finish = self._trim(ids, request.params)
+            row_lp = logprobs[row, :n]
+            top_values, top_ids = top_k_of(row_lp, k)
+            chosen = row_lp.gather(-1, generated[row, :n, None]).squeeze(-1).tolist()
+            yield Result(case_id=request.case_id, engine=self.name, status="ok", prompt_ids=request.prompt_ids,
+                         token_ids=ids[:n], text=self.tokenizer.decode(ids[:n], skip_special_tokens=True),
+                         finish_reason=finish, chosen_logprobs=chosen, top_ids=top_ids, top_logprobs=top_values,
+                         native_params=translation.native_params, warnings=translation.warnings,
+                         timings={"generate_s": elapsed / len(batch), "batch_size": len(batch)})
+
+    def _trim(self, ids: list[int], params: SamplingParams) -> tuple[int, str]:
+        """Generated length up to and including the first EOS (batched rows are padded after it)."""
+        if not params.ignore_eos:
+            for i, token in enumerate(ids):
+                if token in self.eos_ids and i + 1 >= (params.min_new_tokens or 0):
+                    return i + 1, "stop"
+        if params.stop and len(ids) < params.max_new_tokens:
+            return len(ids), "stop"
+        return len(ids), "length"
+
+    def close(self) -> None:
+        self.model = None

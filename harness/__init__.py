@@ -1,0 +1,1 @@
+"""llm-parity: differential testing of LLM inference engines."""

@@ -1,0 +1,4 @@
+"""Allow `python -m harness`."""
+from harness.cli import app
+
+app()

@@ -1,0 +1,159 @@
+"""The `parity` command line. Heavy modules (pandas, torch, engines) are imported inside commands only."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from harness.errors import EXIT_INTERRUPTED, ParityError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Differential testing of LLM inference engines. Exit codes: 0 all cases as expected, "
+                       "1 a case out of expectation, 2 usage or config error, 3 engine unavailable, 130 interrupted.")
+models_app = typer.Typer(no_args_is_help=True, help="Named models: prepare (convert once) and list.")
+app.add_typer(models_app, name="models")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def cli_errors(command):
+    """Turn ParityError into a one-line message and its exit code; never a traceback for bad input."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except ParityError as exc:
+            err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False, soft_wrap=True)
+            raise typer.Exit(exc.exit_code)
+        except KeyboardInterrupt:
+            err_console.print("interrupted")
+            raise typer.Exit(EXIT_INTERRUPTED)
+
+    return wrapper
+
+
+ScenarioPaths = Annotated[list[Path], typer.Argument(help="scenario YAML file(s)", show_default=False)]
+
+
+@app.command()
+@cli_errors
+def validate(scenarios: ScenarioPaths) -> None:
+    """Check scenario files without running anything; exit 2 with file:line on the first problem."""
+    from harness.scenario import load
+
+    for path in scenarios:
+        loaded = load(path)
+        console.print(f"{path}: ok ({len(loaded.cases)} cases x {len(loaded.spec.engines)} engines, "
+                      f"reference {loaded.spec.reference})")
+
+
+@app.command()
+@cli_errors
+def run(scenarios: ScenarioPaths,
+        engines: Annotated[Optional[str], typer.Option(help="comma-separated engine names to run "
+                                                            "(the reference is required)")] = None,
+        out: Annotated[Path, typer.Option(help="where run directories are written")] = Path("reports"),
+        parallel: Annotated[Optional[int], typer.Option(help="engines run at once "
+                                                             "(default: cores / threads per engine)")] = None,
+        ) -> None:
+    """Run scenario(s) through their engines and print a verdict table per scenario."""
+    from harness.scenario import load
+
+    for path in scenarios:  # every file is validated before any engine starts
+        load(path)
+    only = [e.strip() for e in engines.split(",") if e.strip()] if engines else None
+    codes = [_run_one(path, out, only, parallel) for path in scenarios]
+    raise typer.Exit(EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes else max(codes))
+
+
+def _run_one(path: Path, out: Path, only: list[str] | None, parallel: int | None) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from harness.run import execute
+    from harness.summary import rich_table
+
+    progress = Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=err_console, transient=False)
+    tasks: dict[str, int] = {}
+
+    def on_start(scenario, names, run_dir):
+        console.print(f"[bold]{scenario.name}[/]: {len(scenario.cases)} cases x {len(names)} engines "
+                      f"-> {run_dir}")
+        for name in names:
+            tasks[name] = progress.add_task(f"{name}: waiting", total=len(scenario.cases))
+        progress.start()
+
+    def on_event(name: str, event: str):
+        if event == "case":
+            progress.advance(tasks[name])
+        else:
+            progress.update(tasks[name], description=f"{name}: {event}")
+
+    try:
+        outcome = execute(path, out, only, parallel, on_event, on_start)
+    finally:
+        progress.stop()
+    if not outcome.verdicts.empty:
+        console.print(rich_table(outcome.verdicts, outcome.scenario.spec.reference))
+    for name, warnings in outcome.warnings.items():
+        for warning in warnings:
+            console.print(f"[yellow]warning[/] {name}: {warning}", highlight=False)
+    state = "INTERRUPTED" if outcome.interrupted else "PASS" if outcome.exit_code == 0 else "FAIL"
+    console.print(f"{state}: {outcome.scenario.name} (exit {outcome.exit_code}); report: "
+                  f"{outcome.run_dir / 'summary.md'}", highlight=False)
+    return outcome.exit_code
+
+
+@app.command("engines")
+@cli_errors
+def list_engines() -> None:
+    """Registered engines: importable or not (and why), with versions."""
+    from importlib import metadata
+
+    from rich.table import Table
+
+    from adapters.registry import ENGINES, check_available
+
+    table = Table("engine", "available", "package", "description")
+    for name, entry in ENGINES.items():
+        reason = check_available(name)
+        try:
+            version = metadata.version(entry.pip.split()[-1].split("==")[0])
+        except metadata.PackageNotFoundError:
+            version = "-"
+        table.add_row(name, "yes" if reason is None else f"[red]no[/]: {reason}", f"{entry.import_name} {version}",
+                      entry.description)
+    console.print(table)
+
+
+@models_app.command("prepare")
+@cli_errors
+def models_prepare(names: Annotated[Optional[list[str]], typer.Argument(help="models to prepare (default all)")] = None,
+                   force: Annotated[bool, typer.Option(help="rebuild even if already prepared")] = False) -> None:
+    """Convert the bundled models once into the cache (LLM_PARITY_CACHE, default ~/.cache/llm-parity)."""
+    from harness import models
+
+    for name in names or list(models.MODELS):
+        if name not in models.MODELS:
+            raise ParityError(f"unknown model '{name}': known models are {', '.join(models.MODELS)}")
+        already = models.MODELS[name].prepared() and not force
+        with console.status(f"preparing {name}"):
+            path = models.prepare(name, force=force)
+        console.print(f"{name}: {'already prepared' if already else 'prepared'} at {path}")
+
+
+@models_app.command("list")
+@cli_errors
+def models_list() -> None:
+    """Named models and whether they are prepared."""
+    from harness import models
+
+    for name, model in models.MODELS.items():
+        state = f"prepared at {model.folder('float32').parent}" if model.prepared() else "not prepared"
+        console.print(f"{name}: {model.description}; {state}")
+

@@ -1,0 +1,129 @@
+"""`parity run`: scenario -> workers -> results -> verdicts -> run directory."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from adapters import registry
+from harness import models
+from harness.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARITY, ConfigError
+from harness.prompts import load_tokenizer, tokenize_prompts
+from harness.runner import EnginePlan, EngineOutcome, run_engines
+from harness.scenario import LoadedScenario, load
+from harness.store import new_run_dir, results_frame, steps_frame, write_json, write_parquet
+from harness.summary import write_summary
+from harness.types import Request
+from harness.verdicts import judge
+
+
+@dataclass
+class RunOutcome:
+    scenario: LoadedScenario
+    run_dir: Path
+    verdicts: pd.DataFrame
+    warnings: dict[str, list[str]]
+    exit_code: int
+    interrupted: bool
+
+
+def select_engines(scenario: LoadedScenario, only: list[str] | None) -> list[str]:
+    names = list(scenario.spec.engines)
+    if not only:
+        return names
+    unknown = [n for n in only if n not in names]
+    if unknown:
+        raise ConfigError(f"--engines: {unknown} not in {scenario.path} (engines there: {', '.join(names)})")
+    if scenario.spec.reference not in only:
+        raise ConfigError(f"--engines: must include the reference engine '{scenario.spec.reference}'")
+    return [n for n in names if n in only]
+
+
+def check_engines_available(scenario: LoadedScenario, names: list[str]) -> None:
+    for name in names:
+        spec = scenario.spec.engines[name]
+        registry.require_available(spec.engine, spec.python)
+
+
+def plan_engines(scenario: LoadedScenario, names: list[str], run_dir: Path,
+                 prompt_ids: dict[str, list[int]]) -> list[EnginePlan]:
+    spec = scenario.spec
+    plans = []
+    for name in names:
+        engine = spec.engines[name]
+        dtype = spec.engine_dtype(name)
+        requests = [Request(c.case_id, prompt_ids[c.prompt.id], c.engine_params[name], spec.top_logprobs)
+                    for c in scenario.cases]
+        plans.append(EnginePlan(
+            name=name, engine=engine.engine, model_path=models.resolve(spec.model, dtype, str(scenario.path)),
+            dtype=dtype, options=engine.options, python=engine.python, threads=spec.engine_threads(name),
+            batch_size=engine.batch_size, requests=requests, workdir=run_dir / "engines" / name,
+            load_timeout=spec.timeouts.load, case_timeout=spec.timeouts.case))
+    return plans
+
+
+def machine_info() -> dict:
+    return {"platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "python": sys.version.split()[0]}
+
+
+def engine_meta(plan: EnginePlan, outcome: EngineOutcome) -> dict:
+    return {"engine": plan.engine, "dtype": plan.dtype, "threads": plan.threads, "options": plan.options,
+            "env": {"OMP_NUM_THREADS": str(plan.threads), "OMP_WAIT_POLICY": "passive"},
+            "python": plan.python or sys.executable, "model_path": str(plan.model_path),
+            "versions": outcome.versions, "load_s": outcome.load_s, "worker_pids": outcome.worker_pids,
+            "restarts": outcome.restarts}
+
+
+def execute(path: Path, out_root: Path, only: list[str] | None, parallel: int | None,
+            progress: Callable[[str, str], None], on_start: Callable[[LoadedScenario, list[str], Path], None]
+            ) -> RunOutcome:
+    scenario = load(path)
+    names = select_engines(scenario, only)
+    check_engines_available(scenario, names)
+    ref_path = models.resolve(scenario.spec.model, scenario.spec.engine_dtype(scenario.spec.reference), str(path))
+    prompts = {c.prompt.id: c.prompt for c in scenario.cases}
+    tokenizer = load_tokenizer(ref_path)
+    prompt_ids = tokenize_prompts(tokenizer, list(prompts.values()))
+    run_dir = new_run_dir(out_root, scenario.name)
+    plans = plan_engines(scenario, names, run_dir, prompt_ids)
+    meta = {"run_id": run_dir.name, "scenario": str(path), "scenario_name": scenario.name,
+            "scenario_text": path.read_text(), "model": scenario.spec.model, "reference": scenario.spec.reference,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(),
+            "prompt_ids": prompt_ids, "status": "running"}
+    write_json(run_dir / "run.json", meta)
+    on_start(scenario, names, run_dir)
+
+    started = time.perf_counter()
+    threads_needed = max(p.threads for p in plans)
+    outcomes, interrupted = run_engines(plans, parallel or max(1, (os.cpu_count() or 1) // threads_needed), progress)
+    wall = time.perf_counter() - started
+
+    if only:
+        scenario.spec.engines = {n: scenario.spec.engines[n] for n in names}
+    results = {(name, case_id): result for name, o in outcomes.items() for case_id, result in o.results.items()}
+    verdicts = pd.DataFrame() if interrupted and not results else judge(scenario, results, lambda token: tokenizer.decode([token]))
+    ordered = [results[(n, c.case_id)] for n in names for c in scenario.cases if (n, c.case_id) in results]
+    params = {(n, c.case_id): c.engine_params[n].model_dump_json(exclude_none=True)
+              for n in names for c in scenario.cases}
+    write_parquet(run_dir / "results.parquet", results_frame(ordered, params))
+    write_parquet(run_dir / "steps.parquet", steps_frame(ordered))
+    if not verdicts.empty:
+        write_parquet(run_dir / "verdicts.parquet", verdicts)
+    warnings = {n: sorted({w for r in ordered if r.engine == n for w in r.warnings}) for n in names}
+    exit_code = EXIT_INTERRUPTED if interrupted else EXIT_OK if bool(verdicts["expected"].all()) else EXIT_PARITY
+    meta.update(status="interrupted" if interrupted else "finished", wall_s=wall, exit_code=exit_code,
+                engines={p.name: engine_meta(p, outcomes[p.name]) for p in plans}, warnings=warnings,
+                finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    write_json(run_dir / "run.json", meta)
+    write_summary(run_dir / "summary.md", meta, verdicts)
+    return RunOutcome(scenario, run_dir, verdicts, warnings, exit_code, interrupted)
+
+

@@ -1,0 +1,63 @@
+"""summary.md for a run directory, and the verdict table printed by the CLI."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+from rich.table import Table
+
+from harness.store import write_atomic
+
+VERDICT_STYLE = {"match": "green", "benign_tie": "yellow", "diverged": "red", "engine_error": "bold red"}
+
+
+def _num(value, spec: str = ".2g") -> str:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def _step(value) -> str:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) or value < 0 else str(int(value))
+
+
+def verdict_rows(verdicts: pd.DataFrame) -> list[list[str]]:
+    return [[r.case_id, r.engine, r.verdict, "yes" if r.expected else "NO", _step(r.first_divergence),
+             _num(r.max_abs_logprob_delta), r.explanation] for r in verdicts.itertuples()]
+
+
+HEADERS = ["case", "engine", "verdict", "ok", "diverges at", "max |dlogprob|", "explanation"]
+
+
+def rich_table(verdicts: pd.DataFrame, reference: str) -> Table:
+    table = Table(title=f"verdicts vs reference '{reference}'", show_lines=False)
+    for header in HEADERS:
+        table.add_column(header, overflow="fold")
+    for row in verdict_rows(verdicts):
+        style = VERDICT_STYLE.get(row[2], "")
+        table.add_row(*row[:2], f"[{style}]{row[2]}[/]", row[3] if row[3] == "yes" else "[bold red]NO[/]", *row[4:])
+    return table
+
+
+def write_summary(path: Path, meta: dict, verdicts: pd.DataFrame) -> None:
+    lines = [f"# {meta['scenario_name']}: run {meta['run_id']}", "",
+             f"- scenario: `{meta['scenario']}`", f"- model: `{meta['model']}`",
+             f"- reference engine: `{meta['reference']}`", f"- status: {meta['status']}, exit code {meta['exit_code']}",
+             f"- wall time: {meta['wall_s']:.1f} s", "", "## Engines", "",
+             "| engine | type | dtype | threads | versions | load s | restarts |", "|---|---|---|---|---|---|---|"]
+    for name, e in meta["engines"].items():
+        versions = ", ".join(f"{k} {v}" for k, v in e["versions"].items())
+        loads = ", ".join(f"{s:.1f}" for s in e["load_s"])
+        lines.append(f"| {name} | {e['engine']} | {e['dtype']} | {e['threads']} | {versions} | {loads} | "
+                     f"{e['restarts']} |")
+    lines += ["", "## Verdicts", ""]
+    if verdicts.empty:
+        lines.append("No verdicts: the run was interrupted before any case finished.")
+    else:
+        lines += ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in verdict_rows(verdicts)]
+    warned = {name: ws for name, ws in meta["warnings"].items() if ws}
+    if warned:
+        lines += ["", "## Engine warnings (params whose meaning differs or that were not applied)", ""]
+        lines += [f"- {name}: {w}" for name, ws in warned.items() for w in ws]
+    write_atomic(path, "\n".join(lines) + "\n")

@@ -1,0 +1,106 @@
+"""Boundary types shared by the harness and the adapters: sampling params, requests, results."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class SamplingParams(BaseModel):
+    """The canonical sampling vocabulary. None means 'not set'; adapters translate the set fields.
+
+    do_sample defaults to (temperature > 0): leaving both unset means greedy decoding.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0, description="0 disables top-k")
+    top_p: float | None = Field(None, gt=0, le=1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    max_new_tokens: int = Field(32, ge=1)
+    min_new_tokens: int | None = Field(None, ge=0)
+    seed: int | None = None
+    stop: list[str] | None = None
+    ignore_eos: bool = False
+    do_sample: bool | None = None
+
+    @model_validator(mode="after")
+    def _sampling_needs_temperature(self) -> "SamplingParams":
+        if self.do_sample and self.temperature == 0:
+            raise ValueError("do_sample: true with temperature: 0 is contradictory; drop one of them")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        if self.do_sample is not None:
+            return not self.do_sample
+        return not self.temperature
+
+    def set_fields(self) -> dict[str, Any]:
+        """The params a scenario actually set (defaults of max_new_tokens and ignore_eos included)."""
+        return self.model_dump(exclude_none=True)
+
+
+@dataclass
+class Request:
+    """One case sent to an engine: prompt token ids (already templated and tokenised by the harness)."""
+
+    case_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    top_logprobs: int = 5
+
+    def to_json(self) -> dict[str, Any]:
+        return {"case_id": self.case_id, "prompt_ids": self.prompt_ids,
+                "params": self.params.model_dump(), "top_logprobs": self.top_logprobs}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Request":
+        return cls(data["case_id"], list(data["prompt_ids"]), SamplingParams(**data["params"]),
+                   int(data["top_logprobs"]))
+
+
+@dataclass
+class Translation:
+    """What an adapter sent to its engine for a request, and where the meaning differs from the canonical one."""
+
+    native_params: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Result:
+    """What an engine produced for one case. Per-step arrays are top-k log-probabilities of the raw model
+    distribution (before temperature, penalties and truncation), sorted best first."""
+
+    case_id: str
+    engine: str
+    status: str  # "ok" | "error"
+    prompt_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str = ""
+    chosen_logprobs: list[float] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
+    native_params: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Result":
+        return cls(**data)
+
+    @classmethod
+    def engine_error(cls, case_id: str, engine: str, error: str) -> "Result":
+        return cls(case_id=case_id, engine=engine, status="error", error=error)
