@@ -38,8 +38,10 @@ def _pad_top(rows: list[list[list[float]]], width: int, k: int, fill, dtype) -> 
     return out
 
 
-def compare(reference: list[Result], other: list[Result], tie_margin: np.ndarray) -> pd.DataFrame:
-    """Rows aligned by position: reference[i] and other[i] are the same case. tie_margin is per case (nats)."""
+def compare(reference: list[Result], other: list[Result]) -> pd.DataFrame:
+    """Rows aligned by position: reference[i] and other[i] are the same case. Verdicts are match or diverged;
+    `tie_candidate` marks divergences where the engine took the reference's runner-up and the reference's token is
+    in the engine's top-k: apply_ties() turns those within a margin into benign ties."""
     n = len(reference)
     ref_len = np.array([len(r.token_ids) for r in reference])
     oth_len = np.array([len(r.token_ids) for r in other])
@@ -69,9 +71,7 @@ def compare(reference: list[Result], other: list[Result], tie_margin: np.ndarray
     oth_in_ref_top = (ref_top == oth_tok[:, None]).any(axis=1) & (oth_tok != PAD)
     ref_in_oth_top = (oth_top == ref_tok[:, None]).any(axis=1) & (ref_tok != PAD)
     oth_in_ref_top2 = (ref_top[:, :2] == oth_tok[:, None]).any(axis=1)
-    benign = diverged & oth_in_ref_top2 & ref_in_oth_top & (margin <= tie_margin)
-
-    verdict = np.where(~diverged, "match", np.where(benign, "benign_tie", "diverged")).astype(object)
+    verdict = np.where(diverged, "diverged", "match").astype(object)
     frame = pd.DataFrame({
         "case_id": [r.case_id for r in reference], "engine": [r.engine for r in other],
         "verdict": verdict, "first_divergence": first, "ref_len": ref_len, "engine_len": oth_len,
@@ -80,9 +80,23 @@ def compare(reference: list[Result], other: list[Result], tie_margin: np.ndarray
         "ref_top2_margin": np.where(diverged, margin, np.nan),
         "engine_token_in_ref_topk": np.where(diverged, oth_in_ref_top, True),
         "ref_token_in_engine_topk": np.where(diverged, ref_in_oth_top, True),
+        "tie_candidate": diverged & oth_in_ref_top2 & ref_in_oth_top,
         "prompt_ids_equal": [r.prompt_ids == o.prompt_ids for r, o in zip(reference, other)],
     })
     frame.loc[~frame["prompt_ids_equal"], "verdict"] = "diverged"
+    return frame
+
+
+def noise_margin(frame: pd.DataFrame) -> float:
+    """The tie margin measured from the run itself: twice the largest chosen-token |delta logprob| this engine pair
+    shows on steps where both chose the same tokens (each of two tied tokens can move by that much)."""
+    deltas = frame["max_abs_logprob_delta"].to_numpy(dtype=float)
+    return 2.0 * float(np.nanmax(deltas)) if np.isfinite(deltas).any() else 0.0
+
+
+def apply_ties(frame: pd.DataFrame, tie_margin: float) -> pd.DataFrame:
+    benign = frame["tie_candidate"] & (frame["ref_top2_margin"] <= tie_margin) & (frame["verdict"] == "diverged")
+    frame.loc[benign, "verdict"] = "benign_tie"
     return frame
 
 

@@ -23,11 +23,13 @@ class Strict(BaseModel):
 
 class Expectation(Strict):
     """What counts as parity for a case. tokens: exact (identical ids), benign_ties (a divergence is tolerated where
-    the reference's top-2 logprobs are within tie_margin), any (tokens not checked)."""
+    the engine took the reference's runner-up and the reference's top-2 margin is within tie_margin), any (tokens not
+    checked). tie_margin unset: measured from the run, twice the largest chosen-token |delta logprob| the engine
+    pair shows on steps where both chose the same token. max_logprob_delta bounds that delta."""
 
     tokens: Literal["exact", "benign_ties", "any"] = "exact"
     max_logprob_delta: float | None = Field(None, gt=0)
-    tie_margin: float = Field(0.05, ge=0)
+    tie_margin: float | None = Field(None, ge=0)
 
 
 class EngineSpec(Strict):

@@ -26,7 +26,7 @@ def verdict_rows(verdicts: pd.DataFrame) -> list[list[str]]:
              _num(r.max_abs_logprob_delta), r.explanation] for r in verdicts.itertuples()]
 
 
-HEADERS = ["case", "engine", "verdict", "ok", "diverges at", "max |dlogprob|", "explanation"]
+HEADERS = ["case", "engine", "verdict", "ok", "diverges at", "max dlogprob", "explanation"]
 
 
 def rich_table(verdicts: pd.DataFrame, reference: str) -> Table:

@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from harness.diff import compare, error_rows
+from harness.diff import apply_ties, compare, error_rows, noise_margin
 from harness.scenario import LoadedScenario
 from harness.semantics import explain_differences, param_differences
 from harness.types import Result
@@ -34,10 +34,13 @@ def judge(scenario: LoadedScenario, results: dict[tuple[str, str], Result], deco
         ok = np.array([r.status == "ok" and o.status == "ok" for r, o in zip(refs, others)], dtype=bool)
         expectation = spec.engine_expectation(engine)
         parts = []
+        tie_margin = expectation.tie_margin or 0.0
         if ok.any():
             pick = np.flatnonzero(ok)
-            margins = np.full(len(pick), expectation.tie_margin)
-            parts.append(compare([refs[i] for i in pick], [others[i] for i in pick], margins))
+            compared = compare([refs[i] for i in pick], [others[i] for i in pick])
+            if expectation.tie_margin is None:
+                tie_margin = noise_margin(compared)
+            parts.append(apply_ties(compared, tie_margin))
         if (~ok).any():
             pick = np.flatnonzero(~ok)
             parts.append(error_rows([refs[i] for i in pick], [others[i] for i in pick]))
@@ -47,7 +50,7 @@ def judge(scenario: LoadedScenario, results: dict[tuple[str, str], Result], deco
         frame["expected"] = _expected(frame, expectation)
         frame["explanation"] = [
             _explain(row, refs[i], others[i], case.engine_params[ref_name], case.engine_params[engine], decode,
-                     expectation.tie_margin)
+                     tie_margin)
             for i, (case, row) in enumerate(zip(scenario.cases, frame.itertuples()))]
         frames.append(frame)
     table = pd.concat(frames, ignore_index=True)
@@ -78,7 +81,7 @@ def _explain(row, ref: Result, other: Result, ref_params, other_params, decode: 
         text = f"identical {row.ref_len} tokens"
     elif row.verdict == "benign_tie":
         text = (f"diverged at step {row.first_divergence} on a near-tie: reference top-2 margin "
-                f"{row.ref_top2_margin:.3g} <= {tie_margin:g} nats and each side's token is in the other's top-k")
+                f"{row.ref_top2_margin:.3g} <= tie margin {tie_margin:.3g} nats; each side's token is in the other's top-k")
     else:
         text = (f"diverged at step {row.first_divergence}: reference chose {_token(decode, row.ref_token)} "
                 f"(top-2 margin {row.ref_top2_margin:.3g}), {other.engine} chose {_token(decode, row.engine_token)} "
