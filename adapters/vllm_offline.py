@@ -16,7 +16,7 @@ from harness.types import Request, Result, SamplingParams, Translation
 class Options(EngineOptions):
     enforce_eager: bool = True  # eager start-up is ~4x faster on CPU, and forward hooks only fire in eager mode
     kv_cache_gib: float = Field(1.0, gt=0)
-    max_model_len: int = Field(2048, ge=16)
+    max_model_len: int | None = Field(None, ge=16)  # None: the model's own maximum
     multiprocessing: bool = False  # False: engine core in the worker process itself (faster start)
 
 

@@ -65,7 +65,7 @@ def plan_engines(scenario: LoadedScenario, names: list[str], run_dir: Path,
             name=name, engine=engine.engine, model_path=models.resolve(spec.model, dtype, str(scenario.path)),
             dtype=dtype, options=engine.options, python=engine.python, threads=spec.engine_threads(name),
             batch_size=engine.batch_size, requests=requests, workdir=run_dir / "engines" / name,
-            load_timeout=spec.timeouts.load, case_timeout=spec.timeouts.case))
+            load_timeout=spec.engine_timeouts(name).load, case_timeout=spec.engine_timeouts(name).case))
     return plans
 
 

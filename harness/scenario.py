@@ -32,6 +32,11 @@ class Expectation(Strict):
     tie_margin: float | None = Field(None, ge=0)
 
 
+class Timeouts(Strict):
+    load: float = Field(900, gt=0, description="seconds for a worker to load its engine")
+    case: float = Field(300, gt=0, description="seconds per case")
+
+
 class EngineSpec(Strict):
     engine: str
     reference: bool = False
@@ -42,6 +47,7 @@ class EngineSpec(Strict):
     threads: int | None = Field(None, ge=1)
     batch_size: int = Field(8, ge=1, description="cases sent to the worker at once")
     expect: Expectation | None = None
+    timeouts: Timeouts | None = None
 
 
 class PromptSpec(Strict):
@@ -57,11 +63,6 @@ class PromptSpec(Strict):
         if len(given) != 1:
             raise ValueError("a prompt needs exactly one of text, messages, token_ids, file")
         return self
-
-
-class Timeouts(Strict):
-    load: float = Field(900, gt=0, description="seconds for a worker to load its engine")
-    case: float = Field(300, gt=0, description="seconds per case")
 
 
 class Scenario(Strict):
@@ -109,6 +110,9 @@ class Scenario(Strict):
     def engine_expectation(self, name: str) -> Expectation:
         return self.engines[name].expect or self.expect
 
+    def engine_timeouts(self, name: str) -> Timeouts:
+        return self.engines[name].timeouts or self.timeouts
+
 
 @dataclass
 class Case:
@@ -131,7 +135,8 @@ class LoadedScenario:
 
 
 def _format_pydantic_error(source: YamlSource, exc: ValidationError, prefix: tuple = ()) -> Exception:
-    err = exc.errors()[0]
+    # For `str | PromptSpec` unions pydantic reports both branches; the PromptSpec one is the useful one.
+    err = sorted(exc.errors(), key=lambda e: e["type"] == "string_type")[0]
     loc = prefix + tuple(p for p in err["loc"] if not (isinstance(p, str) and p in ("str", "PromptSpec")))
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":

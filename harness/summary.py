@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 from rich.table import Table
+from rich.text import Text
 
 from harness.store import write_atomic
 
@@ -34,8 +35,11 @@ def rich_table(verdicts: pd.DataFrame, reference: str) -> Table:
     for header in HEADERS:
         table.add_column(header, overflow="fold")
     for row in verdict_rows(verdicts):
-        style = VERDICT_STYLE.get(row[2], "")
-        table.add_row(*row[:2], f"[{style}]{row[2]}[/]", row[3] if row[3] == "yes" else "[bold red]NO[/]", *row[4:])
+        cells = [Text(cell) for cell in row]  # plain text: case ids like p0[top_k=5] are not markup
+        cells[2].stylize(VERDICT_STYLE.get(row[2], ""))
+        if row[3] != "yes":
+            cells[3].stylize("bold red")
+        table.add_row(*cells)
     return table
 
 

@@ -76,7 +76,7 @@ def _explain(row, ref: Result, other: Result, ref_params, other_params, decode: 
         return "; ".join(f"{r.engine}: {r.error}" for r in failed)
     if not row.prompt_ids_equal:
         return "prompt token ids differ between engines: a tokenisation or chat-template difference"
-    notes = [w for w in other.warnings if "NOT APPLIED" in w]
+    notes = [f"{r.engine}: {w}" for r in (ref, other) for w in r.warnings if "NOT APPLIED" in w]
     if row.verdict == "match":
         text = f"identical {row.ref_len} tokens"
     elif row.verdict == "benign_tie":

@@ -29,7 +29,7 @@ def _die_with_parent() -> None:
 
 
 def _short(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:600]
 
 
 def main() -> int:

@@ -75,7 +75,7 @@ class WorkerHandle:
         try:
             message = self.messages.get(timeout=timeout)
         except queue.Empty:
-            raise WorkerTimeout(f"no answer within {timeout:.0f}s")
+            raise WorkerTimeout(f"no answer within {timeout:g}s")
         if message is None:
             raise WorkerGone(self.death_message())
         return message

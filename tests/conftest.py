@@ -1,0 +1,59 @@
+"""Shared helpers: run the real `parity` CLI in a subprocess, and make sure the bundled models are prepared."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ROOT / "scenarios"
+
+
+@dataclass
+class ParityRun:
+    code: int
+    stdout: str
+    stderr: str
+    run_dir: Path | None
+
+    @property
+    def verdicts(self) -> pd.DataFrame:
+        return pd.read_parquet(self.run_dir / "verdicts.parquet")
+
+    @property
+    def results(self) -> pd.DataFrame:
+        return pd.read_parquet(self.run_dir / "results.parquet")
+
+    @property
+    def meta(self) -> dict:
+        return json.loads((self.run_dir / "run.json").read_text())
+
+
+def parity(*args: str, out: Path | None = None, timeout: float = 900) -> ParityRun:
+    """Run `python -m harness ARGS` (with --out for runs) and return its exit code, output and run directory."""
+    cmd = [sys.executable, "-m", "harness", *args]
+    if out is not None:
+        cmd += ["--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**__import__("os").environ, "COLUMNS": "200"})
+    run_dirs = sorted(out.iterdir()) if out is not None and out.exists() else []
+    return ParityRun(proc.returncode, proc.stdout, proc.stderr, run_dirs[-1] if run_dirs else None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prepared_models() -> None:
+    from harness import models
+
+    models.prepare("smollm2-135m")
+    models.prepare("tiny-llama")
+
+
+def write_scenario(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
