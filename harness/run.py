@@ -59,8 +59,8 @@ def plan_engines(scenario: LoadedScenario, names: list[str], run_dir: Path,
     for name in names:
         engine = spec.engines[name]
         dtype = spec.engine_dtype(name)
-        requests = [Request(c.case_id, prompt_ids[c.prompt.id], c.engine_params[name], spec.top_logprobs)
-                    for c in scenario.cases]
+        requests = [Request(c.case_id, prompt_ids[c.prompt.id], c.engine_params[name], spec.top_logprobs,
+                            c.prompt.text, c.prompt.messages) for c in scenario.cases]
         plans.append(EnginePlan(
             name=name, engine=engine.engine, model_path=models.resolve(spec.model, dtype, str(scenario.path)),
             dtype=dtype, options=engine.options, python=engine.python, threads=spec.engine_threads(name),

@@ -49,21 +49,24 @@ class SamplingParams(BaseModel):
 
 @dataclass
 class Request:
-    """One case sent to an engine: prompt token ids (already templated and tokenised by the harness)."""
+    """One case sent to an engine: prompt token ids (already templated and tokenised by the harness), plus the
+    prompt as the scenario gave it (text or chat messages) for engines that take text, such as HTTP servers."""
 
     case_id: str
     prompt_ids: list[int]
     params: SamplingParams
     top_logprobs: int = 5
+    text: str | None = None
+    messages: list[dict[str, str]] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"case_id": self.case_id, "prompt_ids": self.prompt_ids,
-                "params": self.params.model_dump(), "top_logprobs": self.top_logprobs}
+        return {"case_id": self.case_id, "prompt_ids": self.prompt_ids, "params": self.params.model_dump(),
+                "top_logprobs": self.top_logprobs, "text": self.text, "messages": self.messages}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Request":
         return cls(data["case_id"], list(data["prompt_ids"]), SamplingParams(**data["params"]),
-                   int(data["top_logprobs"]))
+                   int(data["top_logprobs"]), data.get("text"), data.get("messages"))
 
 
 @dataclass

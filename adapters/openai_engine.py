@@ -1,0 +1,142 @@
+"""`openai` engine: any OpenAI-compatible server by base URL, /v1/completions or /v1/chat/completions,
+streamed or not, with bounded concurrency, timeouts and retries."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any, Callable, Iterator, Literal
+from urllib.parse import urlparse
+
+import httpx
+from pydantic import Field, model_validator
+
+from adapters.base import EngineOptions, greedy_ignored
+from adapters.dialects import DIALECTS, Dialect
+from adapters.openai_client import Client, Completion, RequestFailed, translate
+from adapters.token_ids import TokenResolver
+from harness.types import Request, Result, SamplingParams, Translation
+
+DialectName = Literal[tuple(DIALECTS)]  # type: ignore[valid-type]
+
+
+class ClientOptions(EngineOptions):
+    endpoint: Literal["completions", "chat"] = "completions"
+    stream: bool = False
+    prompt: Literal["auto", "token_ids", "text"] = "auto"  # auto: token ids where the server accepts them
+    model: str | None = None  # served model name; default: the first one /v1/models lists
+    concurrency: int = Field(4, ge=1)
+    request_timeout: float = Field(300, gt=0)
+    retries: int = Field(3, ge=0)
+
+
+def is_loopback(url: str) -> bool:
+    host = urlparse(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Options(ClientOptions):
+    url: str
+    dialect: DialectName = "generic"
+    api_key_env: str | None = None  # name of the env var holding the API key
+    allow_remote: bool = False
+
+    @model_validator(mode="after")
+    def _loopback_unless_allowed(self) -> "Options":
+        if not urlparse(self.url).scheme.startswith("http"):
+            raise ValueError(f"url {self.url!r} is not an http(s) URL")
+        if not is_loopback(self.url) and not self.allow_remote:
+            raise ValueError(f"url {self.url} is not a loopback address: set allow_remote: true to use it")
+        return self
+
+
+def api_base(url: str) -> str:
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else f"{url}/v1"
+
+
+class Engine:
+    """Talks to a running server. Subclasses (vllm-server) start the server first, then call connect()."""
+
+    def __init__(self, name: str, model_path: Path, dtype: str, options: dict[str, Any], workdir: Path):
+        self.name, self.options = name, Options(**options)
+        headers = {}
+        if self.options.api_key_env:
+            key = os.environ.get(self.options.api_key_env)
+            if not key:
+                raise RuntimeError(f"env var {self.options.api_key_env} (api_key_env) is not set")
+            headers["Authorization"] = f"Bearer {key}"
+        self.connect(model_path, api_base(self.options.url), DIALECTS[self.options.dialect], self.options, headers)
+
+    def connect(self, model_path: Path, base_url: str, dialect: Dialect, options: ClientOptions,
+                headers: dict[str, str], server_alive: Callable[[], str | None] = lambda: None) -> None:
+        from transformers import AutoTokenizer
+
+        self.client_options, self.dialect, self.base_url = options, dialect, base_url
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        models = httpx.get(f"{base_url}/models", headers=headers, timeout=30).json()
+        served = [m["id"] for m in models.get("data", [])]
+        self.model = options.model or (served[0] if served else "")
+        self.server_version = models.get("version", "")
+        self.client = Client(base_url, self.model, options.endpoint, options.stream, options.request_timeout,
+                             options.retries, headers, server_alive)
+
+    def versions(self) -> dict[str, str]:
+        return {"server": self.base_url, "dialect": self.dialect.name, "served_model": self.model,
+                "httpx": httpx.__version__}
+
+    def translate(self, params: SamplingParams, top_logprobs: int) -> Translation:
+        translation = translate(params, self.dialect, top_logprobs, self.client_options.endpoint)
+        translation.warnings[:0] = greedy_ignored(params)
+        return translation
+
+    def _token_prompts(self) -> bool:
+        mode = self.client_options.prompt
+        return mode == "token_ids" or (mode == "auto" and self.dialect.token_id_prompts)
+
+    def generate(self, requests: list[Request]) -> Iterator[Result]:
+        with ThreadPoolExecutor(max_workers=self.client_options.concurrency) as pool:
+            futures = {pool.submit(self._one, request): request for request in requests}
+            for future in as_completed(futures):
+                yield future.result()
+
+    def _one(self, request: Request) -> Result:
+        translation = self.translate(request.params, request.top_logprobs)
+        body = self.client.body(request, translation.native_params, self._token_prompts())
+        try:
+            completion = self.client.complete(body)
+        except RequestFailed as exc:
+            return Result.engine_error(request.case_id, self.name, f"engine error: {exc}")
+        return self._result(request, translation, body, completion)
+
+    def _result(self, request: Request, translation: Translation, body: dict[str, Any],
+                completion: Completion) -> Result:
+        resolver = TokenResolver(self.tokenizer)
+        steps = completion.steps
+        token_ids = completion.token_ids or [resolver.resolve(s.token) for s in steps]
+        top_ids = [[resolver.resolve(t) for t, _ in s.top[: request.top_logprobs]] for s in steps]
+        warnings = list(translation.warnings) + resolver.warnings()
+        if completion.prompt_token_ids is not None:
+            prompt_ids = completion.prompt_token_ids
+        else:
+            prompt_ids = request.prompt_ids
+            if "prompt" not in body or isinstance(body["prompt"], str):
+                warnings.append("the server does not return prompt token ids: assumed equal to the harness's")
+        if len(steps) != len(token_ids):
+            warnings.append(f"server returned {len(token_ids)} token ids but logprobs for {len(steps)} steps")
+        return Result(case_id=request.case_id, engine=self.name, status="ok", prompt_ids=list(prompt_ids),
+                      token_ids=list(token_ids), text=completion.text, finish_reason=completion.finish_reason,
+                      chosen_logprobs=[s.logprob for s in steps], top_ids=top_ids,
+                      top_logprobs=[[lp for _, lp in s.top[: request.top_logprobs]] for s in steps],
+                      native_params={k: v for k, v in body.items() if k not in ("prompt", "messages")},
+                      warnings=warnings)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,74 @@
+"""`vllm-server` engine: the harness starts the real vLLM OpenAI server on 127.0.0.1 (or attaches to one by url)
+and talks to it as the `openai` engine does, in the vLLM dialect (token-id prompts, token ids returned)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from adapters import openai_engine
+from adapters.dialects import DIALECTS
+from adapters.server_process import ServerProcess, free_port
+from adapters.vllm_offline import Options as OfflineOptions, engine_env
+
+
+class Options(openai_engine.ClientOptions):
+    url: str | None = None  # attach to a running server instead of starting one (never stopped by the harness)
+    allow_remote: bool = False
+    enforce_eager: bool = True
+    kv_cache_gib: float = Field(1.0, gt=0)
+    max_model_len: int | None = Field(None, ge=16)
+    startup_timeout: float = Field(600, gt=0)
+    extra_args: list[str] = Field(default_factory=list)  # more api_server command-line arguments
+
+
+class Engine(openai_engine.Engine):
+    def __init__(self, name: str, model_path: Path, dtype: str, options: dict[str, Any], workdir: Path):
+        self.name, self.options = name, Options(**options)
+        self.server: ServerProcess | None = None
+        self.startup_s = 0.0
+        if self.options.url:
+            openai_engine.Options(url=self.options.url, allow_remote=self.options.allow_remote)  # loopback check
+            base = openai_engine.api_base(self.options.url)
+        else:
+            base = self._start(model_path, dtype, workdir)
+        alive = self.server.gone if self.server else (lambda: None)
+        self.connect(model_path, base, DIALECTS["vllm"], self.options, {}, alive)
+
+    def _start(self, model_path: Path, dtype: str, workdir: Path) -> str:
+        port = free_port()
+        env_options = OfflineOptions(kv_cache_gib=self.options.kv_cache_gib, multiprocessing=True)
+        env = {**__import__("os").environ, **engine_env(workdir, env_options)}
+        for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "VLLM_RPC_BASE_PATH", "TMPDIR"):
+            Path(env[key]).mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_path),
+               "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--seed", "0",
+               "--max-logprobs", "20", "--generation-config", "vllm", "--disable-uvicorn-access-log"]
+        if self.options.enforce_eager:
+            cmd.append("--enforce-eager")
+        if self.options.max_model_len:
+            cmd += ["--max-model-len", str(self.options.max_model_len)]
+        cmd += self.options.extra_args
+        started = time.monotonic()
+        self.server = ServerProcess(cmd, env, workdir / "server.log", workdir / "server.pid")
+        base = f"http://127.0.0.1:{port}/v1"
+        self.server.wait_ready(f"{base}/models", self.options.startup_timeout)
+        self.startup_s = time.monotonic() - started
+        return base
+
+    def versions(self) -> dict[str, str]:
+        import vllm
+
+        info = {**super().versions(), "vllm": vllm.__version__}
+        if self.server:
+            info["server_startup_s"] = f"{self.startup_s:.1f}"
+        return info
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
