@@ -113,17 +113,14 @@ class Client:
     headers: dict[str, str]
     server_alive: Callable[[], str | None] = lambda: None  # None, or why the server is gone
 
-    def body(self, request: Request, sampling: dict[str, Any], token_prompts: bool) -> dict[str, Any]:
+    def body(self, request: Request, sampling: dict[str, Any], prompt: list[int] | str) -> dict[str, Any]:
+        """The request body. Chat sends the messages (a text prompt becomes one user message: the server then
+        applies its chat template); completions sends `prompt` (token ids, or text for servers that need it)."""
         body = {"model": self.model, **sampling, "stream": self.stream}
         if self.endpoint == "chat":
-            if request.messages is None:
-                body["messages"] = [{"role": "user", "content": request.text or ""}]
-            else:
-                body["messages"] = request.messages
-        elif token_prompts or request.text is None:
-            body["prompt"] = request.prompt_ids
+            body["messages"] = request.messages or [{"role": "user", "content": request.text or ""}]
         else:
-            body["prompt"] = request.text
+            body["prompt"] = prompt
         return body
 
     def complete(self, body: dict[str, Any]) -> Completion:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal
@@ -16,7 +17,7 @@ from pydantic import Field, model_validator
 from adapters.base import EngineOptions, greedy_ignored
 from adapters.dialects import DIALECTS, Dialect
 from adapters.openai_client import Client, Completion, RequestFailed, translate
-from adapters.token_ids import TokenResolver
+from adapters.token_ids import TokenResolver, TokenTable
 from harness.types import Request, Result, SamplingParams, Translation
 
 DialectName = Literal[tuple(DIALECTS)]  # type: ignore[valid-type]
@@ -77,16 +78,27 @@ class Engine:
 
     def connect(self, model_path: Path, base_url: str, dialect: Dialect, options: ClientOptions,
                 headers: dict[str, str], server_alive: Callable[[], str | None] = lambda: None) -> None:
-        from transformers import AutoTokenizer
-
         self.client_options, self.dialect, self.base_url = options, dialect, base_url
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model_path = model_path
+        self._tokenizer = None
+        self._tokenizer_lock = threading.Lock()  # requests run in threads; import and load once
+        self.token_table = TokenTable(lambda: self.tokenizer)
         models = httpx.get(f"{base_url}/models", headers=headers, timeout=30).json()
         served = [m["id"] for m in models.get("data", [])]
         self.model = options.model or (served[0] if served else "")
         self.server_version = models.get("version", "")
         self.client = Client(base_url, self.model, options.endpoint, options.stream, options.request_timeout,
                              options.retries, headers, server_alive)
+
+    @property
+    def tokenizer(self):
+        """Loaded on first need (text prompts for servers without token-id prompts, or mapping token text)."""
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                from transformers import AutoTokenizer
+
+                self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self._tokenizer
 
     def versions(self) -> dict[str, str]:
         return {"server": self.base_url, "dialect": self.dialect.name, "served_model": self.model,
@@ -97,9 +109,12 @@ class Engine:
         translation.warnings[:0] = greedy_ignored(params)
         return translation
 
-    def _token_prompts(self) -> bool:
+    def _prompt(self, request: Request) -> list[int] | str:
+        """Token ids where the server takes them, else the text (chat messages: the harness-templated text)."""
         mode = self.client_options.prompt
-        return mode == "token_ids" or (mode == "auto" and self.dialect.token_id_prompts)
+        if mode == "token_ids" or (mode == "auto" and self.dialect.token_id_prompts):
+            return request.prompt_ids
+        return request.text if request.text is not None else self.tokenizer.decode(request.prompt_ids)
 
     def generate(self, requests: list[Request]) -> Iterator[Result]:
         with ThreadPoolExecutor(max_workers=self.client_options.concurrency) as pool:
@@ -109,7 +124,7 @@ class Engine:
 
     def _one(self, request: Request) -> Result:
         translation = self.translate(request.params, request.top_logprobs)
-        body = self.client.body(request, translation.native_params, self._token_prompts())
+        body = self.client.body(request, translation.native_params, self._prompt(request))
         try:
             completion = self.client.complete(body)
         except RequestFailed as exc:
@@ -118,7 +133,7 @@ class Engine:
 
     def _result(self, request: Request, translation: Translation, body: dict[str, Any],
                 completion: Completion) -> Result:
-        resolver = TokenResolver(self.tokenizer)
+        resolver = TokenResolver(self.token_table)
         steps = completion.steps
         token_ids = completion.token_ids or [resolver.resolve(s.token) for s in steps]
         top_ids = [[resolver.resolve(t) for t, _ in s.top[: request.top_logprobs]] for s in steps]

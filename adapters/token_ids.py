@@ -3,33 +3,45 @@ with the model's tokenizer and marked as inferred; text that maps to several ids
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 TOKEN_ID_PREFIX = "token_id:"  # vLLM's return_tokens_as_token_ids
 
 
+class TokenTable:
+    """token text -> the ids that decode to it, built on first use (one decode per vocabulary entry)."""
+
+    def __init__(self, load_tokenizer: Callable[[], Any]):
+        self.load_tokenizer = load_tokenizer
+        self._by_text: dict[str, list[int]] | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> dict[str, list[int]]:
+        with self._lock:  # requests run in threads: build once
+            if self._by_text is None:
+                tokenizer = self.load_tokenizer()
+                table: dict[str, list[int]] = defaultdict(list)
+                for token_id in range(len(tokenizer)):
+                    table[tokenizer.decode([token_id])].append(token_id)
+                self._by_text = dict(table)
+            return self._by_text
+
+
 @dataclass
 class TokenResolver:
-    tokenizer: object
-    _by_text: dict[str, list[int]] | None = None
+    table: TokenTable
     ambiguous: dict[str, list[int]] = field(default_factory=dict)
     unmapped: set[str] = field(default_factory=set)
     inferred: bool = False
-
-    def _table(self) -> dict[str, list[int]]:
-        if self._by_text is None:
-            table: dict[str, list[int]] = defaultdict(list)
-            for token_id in range(len(self.tokenizer)):
-                table[self.tokenizer.decode([token_id])].append(token_id)
-            self._by_text = dict(table)
-        return self._by_text
 
     def resolve(self, token: str) -> int:
         if token.startswith(TOKEN_ID_PREFIX):
             return int(token[len(TOKEN_ID_PREFIX):])
         self.inferred = True
-        candidates = self._table().get(token, [])
+        candidates = self.table().get(token, [])
         if not candidates:
             self.unmapped.add(token)
             return -1

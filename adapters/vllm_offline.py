@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -20,8 +22,17 @@ class Options(EngineOptions):
     multiprocessing: bool = False  # False: engine core in the worker process itself (faster start)
 
 
-def engine_env(workdir: Path, options: Options) -> dict[str, str]:
-    """Environment vLLM reads at import time; caches and sockets stay inside the run directory."""
+def socket_dir(workdir: Path) -> Path:
+    """Where vLLM puts its ZMQ sockets: the run directory when its path is short enough for a Unix socket
+    (107 bytes), else a short private directory under /tmp that the adapter removes when it closes."""
+    inside = workdir / "cache" / "rpc"
+    if len(str(inside.resolve())) <= 50:
+        return inside
+    return Path(tempfile.mkdtemp(prefix="parity-rpc-", dir="/tmp"))
+
+
+def engine_env(workdir: Path, options: Options, sockets: Path) -> dict[str, str]:
+    """Environment vLLM reads at import time; caches (and sockets, where the path allows) stay in the run dir."""
     cache = workdir / "cache"
     return {
         "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(options.kv_cache_gib))),
@@ -30,19 +41,25 @@ def engine_env(workdir: Path, options: Options) -> dict[str, str]:
         "VLLM_CACHE_ROOT": str(cache / "vllm"),
         "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
         "XDG_CACHE_HOME": str(cache),
-        "VLLM_RPC_BASE_PATH": str(cache / "rpc"),
+        "VLLM_RPC_BASE_PATH": str(sockets),
         "TMPDIR": str(cache / "tmp"),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
 
 
+def prepare_env(workdir: Path, options: Options, sockets: Path) -> dict[str, str]:
+    env = engine_env(workdir, options, sockets)
+    for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "VLLM_RPC_BASE_PATH", "TMPDIR"):
+        Path(env[key]).mkdir(parents=True, exist_ok=True)
+    return env
+
+
 class Engine:
     def __init__(self, name: str, model_path: Path, dtype: str, options: dict[str, Any], workdir: Path):
         self.name, self.options = name, Options(**options)
-        env = engine_env(workdir, self.options)
-        for path in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "VLLM_RPC_BASE_PATH", "TMPDIR"):
-            Path(env[path]).mkdir(parents=True, exist_ok=True)
+        self.sockets = socket_dir(workdir)
+        env = prepare_env(workdir, self.options, self.sockets)
         os.environ.update(env)
         from vllm import LLM
 
@@ -101,3 +118,9 @@ class Engine:
 
     def close(self) -> None:
         self.llm = None
+        remove_socket_dir(self.sockets)
+
+
+def remove_socket_dir(path: Path) -> None:
+    if path.name.startswith("parity-rpc-"):
+        shutil.rmtree(path, ignore_errors=True)

@@ -3,6 +3,7 @@ and talks to it as the `openai` engine does, in the vLLM dialect (token-id promp
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from pydantic import Field
 from adapters import openai_engine
 from adapters.dialects import DIALECTS
 from adapters.server_process import ServerProcess, free_port
-from adapters.vllm_offline import Options as OfflineOptions, engine_env
+from adapters.vllm_offline import Options as OfflineOptions, prepare_env, remove_socket_dir, socket_dir
 
 
 class Options(openai_engine.ClientOptions):
@@ -26,39 +27,47 @@ class Options(openai_engine.ClientOptions):
     extra_args: list[str] = Field(default_factory=list)  # more api_server command-line arguments
 
 
+def launch(model_path: Path, dtype: str, workdir: Path, options: Options) -> tuple[ServerProcess, str, Path]:
+    """Start the vLLM OpenAI server on a free 127.0.0.1 port and wait until /v1/models answers.
+    Returns the process, the API base URL and the socket directory to remove after stopping it."""
+    port = free_port()
+    sockets = socket_dir(workdir)
+    env_options = OfflineOptions(kv_cache_gib=options.kv_cache_gib, multiprocessing=True)
+    env = {**os.environ, **prepare_env(workdir, env_options, sockets)}
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_path),
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--seed", "0",
+           "--max-logprobs", "20", "--generation-config", "vllm", "--disable-uvicorn-access-log"]
+    if options.enforce_eager:
+        cmd.append("--enforce-eager")
+    if options.max_model_len:
+        cmd += ["--max-model-len", str(options.max_model_len)]
+    cmd += options.extra_args
+    server = ServerProcess(cmd, env, workdir / "server.log", workdir / "server.pid")
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        server.wait_ready(f"http://127.0.0.1:{port}/health", options.startup_timeout)
+    except BaseException:
+        server.stop()
+        remove_socket_dir(sockets)
+        raise
+    return server, base, sockets
+
+
 class Engine(openai_engine.Engine):
     def __init__(self, name: str, model_path: Path, dtype: str, options: dict[str, Any], workdir: Path):
         self.name, self.options = name, Options(**options)
         self.server: ServerProcess | None = None
+        self.sockets: Path | None = None
         self.startup_s = 0.0
         if self.options.url:
             openai_engine.Options(url=self.options.url, allow_remote=self.options.allow_remote)  # loopback check
             base = openai_engine.api_base(self.options.url)
         else:
-            base = self._start(model_path, dtype, workdir)
+            started = time.monotonic()
+            self.server, base, self.sockets = launch(model_path, dtype, workdir, self.options)
+            self.startup_s = time.monotonic() - started
         alive = self.server.gone if self.server else (lambda: None)
         self.connect(model_path, base, DIALECTS["vllm"], self.options, {}, alive)
-
-    def _start(self, model_path: Path, dtype: str, workdir: Path) -> str:
-        port = free_port()
-        env_options = OfflineOptions(kv_cache_gib=self.options.kv_cache_gib, multiprocessing=True)
-        env = {**__import__("os").environ, **engine_env(workdir, env_options)}
-        for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "VLLM_RPC_BASE_PATH", "TMPDIR"):
-            Path(env[key]).mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_path),
-               "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--seed", "0",
-               "--max-logprobs", "20", "--generation-config", "vllm", "--disable-uvicorn-access-log"]
-        if self.options.enforce_eager:
-            cmd.append("--enforce-eager")
-        if self.options.max_model_len:
-            cmd += ["--max-model-len", str(self.options.max_model_len)]
-        cmd += self.options.extra_args
-        started = time.monotonic()
-        self.server = ServerProcess(cmd, env, workdir / "server.log", workdir / "server.pid")
-        base = f"http://127.0.0.1:{port}/v1"
-        self.server.wait_ready(f"{base}/models", self.options.startup_timeout)
-        self.startup_s = time.monotonic() - started
-        return base
 
     def versions(self) -> dict[str, str]:
         import vllm
@@ -72,3 +81,5 @@ class Engine(openai_engine.Engine):
         if self.server is not None:
             self.server.stop()
             self.server = None
+        if self.sockets is not None:
+            remove_socket_dir(self.sockets)

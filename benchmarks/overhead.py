@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from adapters.vllm_offline import Options as VllmOptions, engine_env  # noqa: E402
+from adapters.vllm_offline import Options as VllmOptions, prepare_env, socket_dir  # noqa: E402
 from harness import models  # noqa: E402
 from harness.prompts import load_tokenizer, tokenize_prompts  # noqa: E402
 from harness.scenario import load  # noqa: E402
@@ -64,9 +64,7 @@ def bare(model_path: Path, prompt_ids: list[list[int]], max_new: int, workdir: P
     env = worker_env(threads=1)
     args = [str(model_path), json.dumps(prompt_ids), str(max_new)]
     hf = timed([sys.executable, "-c", BARE_HF, *args], env)
-    vllm_env = {**env, **engine_env(workdir, VllmOptions())}
-    for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "VLLM_RPC_BASE_PATH", "TMPDIR"):
-        Path(vllm_env[key]).mkdir(parents=True, exist_ok=True)
+    vllm_env = {**env, **prepare_env(workdir, VllmOptions(), socket_dir(workdir))}
     return hf + timed([sys.executable, "-c", BARE_VLLM, *args], vllm_env)
 
 

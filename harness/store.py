@@ -20,7 +20,7 @@ from harness.types import Result
 
 def new_run_dir(root: Path, scenario_name: str) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = root / f"{stamp}-{re.sub(r'[^A-Za-z0-9_.-]+', '-', scenario_name)}"
+    base = root.resolve() / f"{stamp}-{re.sub(r'[^A-Za-z0-9_.-]+', '-', scenario_name)}"
     path, n = base, 1
     while path.exists():
         n += 1

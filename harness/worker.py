@@ -2,7 +2,8 @@
 
 Run as `python -m harness.worker` by the harness (possibly with another interpreter); it speaks harness.protocol.
 Protocol messages go to a duplicate of the original stdout; fd 1 is pointed at stderr so that anything the
-engine prints lands in the worker log instead of corrupting the protocol.
+engine prints lands in the worker log instead of corrupting the protocol. However the worker ends (close, EOF,
+SIGTERM, the harness dying), the engine is closed, so a server it started is stopped.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import IO, Any
 
 from harness.protocol import decode, send
 
@@ -28,52 +30,74 @@ def _die_with_parent() -> None:
         pass
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through Worker.serve's finally: the engine closes
+
+
 def _short(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())[:600]
 
 
+class Worker:
+    def __init__(self, protocol: IO[str]):
+        self.protocol = protocol
+        self.engine: Any = None
+
+    def serve(self, lines) -> int:
+        try:
+            for line in lines:
+                message = decode(line)
+                if message["op"] == "load" and not self.load(message):
+                    return 1
+                if message["op"] == "generate":
+                    self.generate(message["requests"])
+                if message["op"] == "close":
+                    return 0
+            return 0
+        finally:
+            if self.engine is not None:
+                self.engine.close()
+
+    def load(self, message: dict[str, Any]) -> bool:
+        from adapters.registry import engine_class
+
+        started = time.perf_counter()
+        try:
+            cls = engine_class(message["engine"])
+            self.engine = cls(message["name"], Path(message["model_path"]), message["dtype"], message["options"],
+                              Path(message["workdir"]))
+            send(self.protocol, {"event": "ready", "versions": self.engine.versions(),
+                                 "load_s": time.perf_counter() - started})
+            return True
+        except Exception as exc:  # any load failure is reported, then the worker ends
+            traceback.print_exc()
+            send(self.protocol, {"event": "fatal", "error": _short(exc)})
+            return False
+
+    def generate(self, raw_requests: list[dict[str, Any]]) -> None:
+        from harness.types import Request
+
+        requests = [Request.from_json(r) for r in raw_requests]
+        done: set[str] = set()
+        try:
+            for result in self.engine.generate(requests):
+                done.add(result.case_id)
+                send(self.protocol, {"event": "result", "result": result.to_json()})
+        except Exception as exc:  # a failing batch becomes per-case errors; the worker stays up
+            traceback.print_exc()
+            for request in requests:
+                if request.case_id not in done:
+                    send(self.protocol, {"event": "case_error", "case_id": request.case_id, "error": _short(exc)})
+        send(self.protocol, {"event": "batch_done"})
+
+
 def main() -> int:
     _die_with_parent()
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    from adapters.registry import engine_class
-    from harness.types import Request
-
-    engine = None
-    for line in sys.stdin:
-        message = decode(line)
-        op = message["op"]
-        if op == "load":
-            started = time.perf_counter()
-            try:
-                cls = engine_class(message["engine"])
-                engine = cls(message["name"], Path(message["model_path"]), message["dtype"], message["options"],
-                             Path(message["workdir"]))
-                send(protocol, {"event": "ready", "versions": engine.versions(),
-                                "load_s": time.perf_counter() - started})
-            except Exception as exc:  # any load failure is reported, then the worker ends
-                traceback.print_exc()
-                send(protocol, {"event": "fatal", "error": _short(exc)})
-                return 1
-        elif op == "generate":
-            requests = [Request.from_json(r) for r in message["requests"]]
-            done: set[str] = set()
-            try:
-                for result in engine.generate(requests):
-                    done.add(result.case_id)
-                    send(protocol, {"event": "result", "result": result.to_json()})
-            except Exception as exc:  # a failing batch becomes per-case errors; the worker stays up
-                traceback.print_exc()
-                for request in requests:
-                    if request.case_id not in done:
-                        send(protocol, {"event": "case_error", "case_id": request.case_id, "error": _short(exc)})
-            send(protocol, {"event": "batch_done"})
-        elif op == "close":
-            if engine is not None:
-                engine.close()
-            return 0
-    return 0
+    return Worker(protocol).serve(sys.stdin)
 
 
 if __name__ == "__main__":

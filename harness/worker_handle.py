@@ -97,7 +97,7 @@ class WorkerHandle:
             return []
         return [l[:300] for l in lines[-n:]]
 
-    def stop(self, grace: float = 10.0) -> None:
+    def stop(self, grace: float = 30.0) -> None:
         """Close politely, then SIGTERM, then SIGKILL the worker's whole process group."""
         if self.process is None or self.process.poll() is not None:
             return
