@@ -87,7 +87,8 @@ def markdown_table() -> str:
         for d in DIALECTS.values():
             how = d.handling(param)
             sent = OPENAI_FIELDS.get(param) or d.extra_fields.get(param)
-            cell = f"honours (`{sent}`)" if how == "honours" else how
+            cell = {"honours": f"honours (`{sent}`)", "ignores": "accepts, ignores (warning)",
+                    "rejects": "rejects: not sent (warning)"}[how]
             if param in d.defaults:
                 cell += f"; unset: {d.defaults[param]}"
             cells.append(cell)

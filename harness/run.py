@@ -109,7 +109,7 @@ def execute(path: Path, out_root: Path, only: list[str] | None, parallel: int | 
     if only:
         scenario.spec.engines = {n: scenario.spec.engines[n] for n in names}
     results = {(name, case_id): result for name, o in outcomes.items() for case_id, result in o.results.items()}
-    verdicts = pd.DataFrame() if interrupted and not results else judge(scenario, results, lambda token: tokenizer.decode([token]))
+    verdicts = pd.DataFrame() if interrupted and not results else judge(scenario, results, lambda t: tokenizer.decode([t]))
     ordered = [results[(n, c.case_id)] for n in names for c in scenario.cases if (n, c.case_id) in results]
     params = {(n, c.case_id): c.engine_params[n].model_dump_json(exclude_none=True)
               for n in names for c in scenario.cases}

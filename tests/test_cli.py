@@ -68,3 +68,9 @@ def test_engine_missing_from_its_interpreter_exits_3(tmp_path: Path) -> None:
 def test_engines_lists_availability() -> None:
     run = parity("engines")
     assert run.code == 0 and "hf" in run.stdout and "vllm" in run.stdout and "yes" in run.stdout
+
+
+def test_readme_dialect_table_is_current() -> None:
+    from adapters.dialects import markdown_table
+
+    assert markdown_table() in (ROOT / "README.md").read_text()
