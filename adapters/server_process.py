@@ -78,7 +78,7 @@ class ServerProcess:
                 break
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
-                if self.process.poll() is not None and not _group_alive(self.process.pid):
+                if self.process.poll() is not None and not group_alive(self.process.pid):
                     self.log.close()
                     return
                 time.sleep(0.1)
@@ -86,7 +86,8 @@ class ServerProcess:
         self.log.close()
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the process group pgid is still alive."""
     try:
         os.killpg(pgid, 0)
         return True

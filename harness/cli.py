@@ -67,11 +67,11 @@ def run(scenarios: ScenarioPaths,
     for path in scenarios:  # every file is validated before any engine starts
         load(path)
     only = [e.strip() for e in engines.split(",") if e.strip()] if engines else None
-    codes = [_run_one(path, out, only, parallel) for path in scenarios]
+    codes = [_run_one(path, out, only, parallel).exit_code for path in scenarios]
     raise typer.Exit(EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes else max(codes))
 
 
-def _run_one(path: Path, out: Path, only: list[str] | None, parallel: int | None) -> int:
+def _run_one(path: Path, out: Path, only: list[str] | None, parallel: int | None):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from harness.run import execute
@@ -106,7 +106,59 @@ def _run_one(path: Path, out: Path, only: list[str] | None, parallel: int | None
     state = "INTERRUPTED" if outcome.interrupted else "PASS" if outcome.exit_code == 0 else "FAIL"
     console.print(f"{state}: {outcome.scenario.name} (exit {outcome.exit_code}); report: "
                   f"{outcome.run_dir / 'summary.md'}", highlight=False)
-    return outcome.exit_code
+    return outcome
+
+
+@app.command()
+@cli_errors
+def gate(scenarios: ScenarioPaths,
+         baseline: Annotated[Path, typer.Option(help="baseline directory (parity baseline save ... --to DIR)")],
+         junit: Annotated[Optional[Path], typer.Option(help="write JUnit XML here")] = None,
+         summary: Annotated[Optional[Path], typer.Option(help="write a Markdown summary here")] = None,
+         out: Annotated[Path, typer.Option(help="where run directories are written")] = Path("reports"),
+         parallel: Annotated[Optional[int], typer.Option(help="engines run at once")] = None) -> None:
+    """Run scenarios and fail (exit 1) when a case leaves its expectation or moved against the baseline."""
+    from harness import baseline as baselines
+    from harness.ci_outputs import write_outputs
+    from harness.gate import DEFAULT_LOGPROB_TOLERANCE, judge_run
+    from harness.scenario import load
+
+    loaded = [load(path) for path in scenarios]
+    for scenario in loaded:  # a missing baseline is a config error before anything runs
+        baselines.load(baseline, scenario.name)
+    cases = []
+    for path, scenario in zip(scenarios, loaded):
+        outcome = _run_one(path, out, None, parallel)
+        if outcome.interrupted:
+            raise typer.Exit(EXIT_INTERRUPTED)
+        expected = {(r.engine, r.case_id): (bool(r.expected), r.explanation) for r in outcome.verdicts.itertuples()}
+        tolerances = {name: scenario.spec.engine_expectation(name).max_logprob_delta or DEFAULT_LOGPROB_TOLERANCE
+                      for name in scenario.spec.engines}
+        cases += judge_run(outcome.run_dir, baseline, expected, tolerances)
+    for line in write_outputs(cases, junit, summary):
+        print(line)
+    failed = [c for c in cases if not c.passed]
+    for case in failed:
+        console.print(f"REGRESSION {case.scenario} {case.case_id} [{case.engine}]: {'; '.join(case.failures)}",
+                      style="red", highlight=False, markup=False)
+    console.print(f"gate: {'FAIL' if failed else 'PASS'} ({len(cases) - len(failed)}/{len(cases)} case results "
+                  f"passed)", highlight=False)
+    raise typer.Exit(1 if failed else 0)
+
+
+baseline_app = typer.Typer(no_args_is_help=True, help="Baselines for `parity gate`.")
+app.add_typer(baseline_app, name="baseline")
+
+
+@baseline_app.command("save")
+@cli_errors
+def baseline_save(run_dir: Annotated[Path, typer.Argument(help="a finished run directory (reports/<run-id>)")],
+                  to: Annotated[Path, typer.Option(help="baseline directory, e.g. baselines/main")]) -> None:
+    """Store a run's token ids, logprobs, verdicts and versions as the baseline of its scenario."""
+    from harness import baseline as baselines
+
+    path = baselines.save(run_dir, to)
+    console.print(f"baseline saved: {path}")
 
 
 @app.command("engines")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +43,7 @@ def parity(*args: str, out: Path | None = None, timeout: float = 900) -> ParityR
     if out is not None:
         cmd += ["--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**__import__("os").environ, "COLUMNS": "200"})
+                          env={**os.environ, "COLUMNS": "200"})
     run_dirs = sorted(out.iterdir()) if out is not None and out.exists() else []
     return ParityRun(proc.returncode, proc.stdout, proc.stderr, run_dirs[-1] if run_dirs else None)
 
@@ -57,3 +59,22 @@ def prepared_models() -> None:
 def write_scenario(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+def start_parity_run(scenario: Path, out: Path) -> subprocess.Popen:
+    """`parity run` in the background, for tests that kill or interrupt something mid-run."""
+    return subprocess.Popen([sys.executable, "-m", "harness", "run", str(scenario), "--out", str(out)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+def journal_lines(out: Path, engine: str) -> int:
+    """How many results an engine of the (single) run under `out` has journaled so far."""
+    journals = list(out.glob(f"*/engines/{engine}/results.jsonl"))
+    return len(journals[0].read_text().splitlines()) if journals else 0

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +14,8 @@ import pytest
 
 from adapters.vllm_server import Options, launch
 from harness import models
-from conftest import ROOT, SCENARIOS, ParityRun, parity, write_scenario
+from adapters.server_process import group_alive
+from conftest import SCENARIOS, ParityRun, journal_lines, parity, start_parity_run, wait_for, write_scenario
 
 pytestmark = pytest.mark.engines
 
@@ -143,7 +142,7 @@ def test_server_vs_offline_scenario(tmp_path: Path) -> None:
     server = run.meta["engines"]["vllm-server"]
     assert float(server["versions"]["server_startup_s"]) > 0
     pid = int((run.run_dir / "engines" / "vllm-server" / "server.pid").read_text())
-    assert not _group_alive(pid)  # stopped at the end of the run
+    assert not group_alive(pid)  # stopped at the end of the run
     assert "Application startup complete" in (run.run_dir / "engines" / "vllm-server" / "server.log").read_text()
 
 
@@ -157,35 +156,11 @@ params: {temperature: 0, max_new_tokens: 48, ignore_eos: true}
 """
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
-
-def _wait_for(predicate, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
-
-
-def _start(scenario: Path, out: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "harness", "run", str(scenario), "--out", str(out)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 def test_server_killed_mid_run_keeps_finished_cases(tmp_path: Path) -> None:
     out = tmp_path / "reports"
-    proc = _start(write_scenario(tmp_path / "s.yaml", SERVED), out)
+    proc = start_parity_run(write_scenario(tmp_path / "s.yaml", SERVED), out)
 
-    def served_results() -> int:
-        journal = list(out.glob("*/engines/served/results.jsonl"))
-        return len(journal[0].read_text().splitlines()) if journal else 0
-
-    _wait_for(lambda: served_results() >= 1, timeout=400)
+    wait_for(lambda: journal_lines(out, "served") >= 1, timeout=400)
     server_pid = int(next(out.glob("*/engines/served/server.pid")).read_text())
     os.kill(server_pid, signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=300)
@@ -196,16 +171,16 @@ def test_server_killed_mid_run_keeps_finished_cases(tmp_path: Path) -> None:
     failed = verdicts[verdicts.verdict == "engine_error"]
     assert len(finished) >= 1 and len(failed) >= 1 and len(finished) + len(failed) == 8
     assert all("server process killed by signal 9 (SIGKILL)" in e for e in failed.explanation)
-    _wait_for(lambda: not _group_alive(server_pid), timeout=30)  # its engine processes went with it
+    wait_for(lambda: not group_alive(server_pid), timeout=30)  # its engine processes went with it
 
 
 def test_interrupt_leaves_no_server_process(tmp_path: Path) -> None:
     out = tmp_path / "reports"
-    proc = _start(write_scenario(tmp_path / "s.yaml", SERVED), out)
-    _wait_for(lambda: bool(list(out.glob("*/engines/served/server.pid"))), timeout=120)
+    proc = start_parity_run(write_scenario(tmp_path / "s.yaml", SERVED), out)
+    wait_for(lambda: bool(list(out.glob("*/engines/served/server.pid"))), timeout=120)
     time.sleep(3)  # the server is starting up: its engine processes are being spawned
     server_pid = int(next(out.glob("*/engines/served/server.pid")).read_text())
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr[-2000:]
-    _wait_for(lambda: not _group_alive(server_pid), timeout=30)
+    wait_for(lambda: not group_alive(server_pid), timeout=30)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from conftest import SCENARIOS, ParityRun, parity
@@ -46,7 +47,7 @@ def test_run_directory_records_what_verdicts_rest_on(quickstart: ParityRun) -> N
     assert meta["engines"]["vllm"]["versions"]["vllm"] == "0.32.0"
     assert set(meta["prompt_ids"]) == {"capital", "story", "math", "code"}
     assert meta["prompt_ids"]["math"][0] == 1  # chat template applied: starts with <|im_start|>
-    steps = __import__("pandas").read_parquet(quickstart.run_dir / "steps.parquet")
+    steps = pd.read_parquet(quickstart.run_dir / "steps.parquet")
     assert len(steps) == quickstart.results.token_ids.map(len).sum()
     assert steps.top_ids.map(len).eq(5).all()
     assert (quickstart.run_dir / "summary.md").read_text().count("| match |") == 4

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
-from conftest import ROOT, parity, write_scenario
+from adapters.server_process import group_alive
+from conftest import journal_lines, parity, start_parity_run, wait_for, write_scenario
 
 pytestmark = pytest.mark.engines
 
@@ -26,41 +25,16 @@ params: {max_new_tokens: 400, ignore_eos: true}
 """
 
 
-def _start(scenario: Path, out: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "harness", "run", str(scenario), "--out", str(out)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _wait_for(predicate, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
-
-
-def _journal_lines(out: Path, engine: str) -> int:
-    journals = list(out.glob(f"*/engines/{engine}/results.jsonl"))
-    return len(journals[0].read_text().splitlines()) if journals else 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
-
 def test_killed_worker_costs_only_its_case(tmp_path: Path) -> None:
     out = tmp_path / "reports"
-    proc = _start(write_scenario(tmp_path / "s.yaml", LONG), out)
-    _wait_for(lambda: _journal_lines(out, "victim") >= 1)
+    proc = start_parity_run(write_scenario(tmp_path / "s.yaml", LONG), out)
+    wait_for(lambda: journal_lines(out, "victim") >= 1, timeout=120)
     pid = int(next(out.glob("*/engines/victim/worker.pid")).read_text())
     os.kill(pid, signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 1, stderr[-2000:]
     run_dir = next(out.iterdir())
-    verdicts = __import__("pandas").read_parquet(run_dir / "verdicts.parquet")
+    verdicts = pd.read_parquet(run_dir / "verdicts.parquet")
     errors = verdicts[verdicts.verdict == "engine_error"]
     assert len(errors) == 1, verdicts[["case_id", "verdict", "explanation"]]
     assert "killed by signal 9 (SIGKILL)" in errors.explanation.iloc[0]
@@ -82,26 +56,26 @@ def test_case_timeout_kills_and_reports(tmp_path: Path) -> None:
 
 def test_interrupt_stops_every_worker_and_keeps_results(tmp_path: Path) -> None:
     out = tmp_path / "reports"
-    proc = _start(write_scenario(tmp_path / "s.yaml", LONG), out)
-    _wait_for(lambda: _journal_lines(out, "victim") >= 1)
+    proc = start_parity_run(write_scenario(tmp_path / "s.yaml", LONG), out)
+    wait_for(lambda: journal_lines(out, "victim") >= 1, timeout=120)
     pids = [int(p.read_text()) for p in out.glob("*/engines/*/worker.pid")]
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr[-2000:]
     assert "INTERRUPTED" in stdout
-    _wait_for(lambda: not any(_alive(pid) for pid in pids), timeout=15)
+    wait_for(lambda: not any(group_alive(pid) for pid in pids), timeout=15)
     run_dir = next(out.iterdir())
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["status"] == "interrupted"
-    results = __import__("pandas").read_parquet(run_dir / "results.parquet")
+    results = pd.read_parquet(run_dir / "results.parquet")
     assert (results.status == "ok").sum() >= 1  # what was computed before Ctrl-C is in the results
 
 
 def test_killed_harness_takes_its_workers_along(tmp_path: Path) -> None:
     out = tmp_path / "reports"
-    proc = _start(write_scenario(tmp_path / "s.yaml", LONG), out)
-    _wait_for(lambda: _journal_lines(out, "victim") >= 1)
+    proc = start_parity_run(write_scenario(tmp_path / "s.yaml", LONG), out)
+    wait_for(lambda: journal_lines(out, "victim") >= 1, timeout=120)
     pids = [int(p.read_text()) for p in out.glob("*/engines/*/worker.pid")]
     proc.kill()
     proc.communicate(timeout=30)
-    _wait_for(lambda: not any(_alive(pid) for pid in pids), timeout=15)
+    wait_for(lambda: not any(group_alive(pid) for pid in pids), timeout=15)
