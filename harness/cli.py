@@ -146,6 +146,19 @@ def gate(scenarios: ScenarioPaths,
     raise typer.Exit(1 if failed else 0)
 
 
+@app.command()
+@cli_errors
+def report(run_dir: Annotated[Path, typer.Argument(help="a run directory (reports/<run-id>)")],
+           out: Annotated[Optional[Path], typer.Option(help="HTML file (default RUN_DIR/report.html)")] = None
+           ) -> None:
+    """Write one self-contained HTML report (inline styles and SVG plots, no network) of a run directory."""
+    from harness.html_report import write
+
+    if not (run_dir / "run.json").exists():
+        raise ParityError(f"{run_dir}: not a run directory (no run.json): pass a reports/<run-id> folder")
+    console.print(f"report: {write(run_dir, out)}")
+
+
 baseline_app = typer.Typer(no_args_is_help=True, help="Baselines for `parity gate`.")
 app.add_typer(baseline_app, name="baseline")
 
