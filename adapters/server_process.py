@@ -6,7 +6,6 @@ parent-death signal (so it goes down when its worker dies, even by SIGKILL).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -16,17 +15,12 @@ from pathlib import Path
 
 import httpx
 
-PR_SET_PDEATHSIG = 1
-
+from harness.lifetime import die_with_parent
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class ServerProcess:
@@ -35,7 +29,7 @@ class ServerProcess:
         self.log = open(log_path, "ab")
         self.process = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True,
-                                        preexec_fn=_die_with_parent)
+                                        preexec_fn=die_with_parent)
         pid_path.write_text(str(self.process.pid))
 
     def gone(self) -> str | None:

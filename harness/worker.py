@@ -8,7 +8,6 @@ SIGTERM, the harness dying), the engine is closed, so a server it started is sto
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
@@ -17,18 +16,8 @@ import traceback
 from pathlib import Path
 from typing import IO, Any
 
+from harness.lifetime import die_with_parent
 from harness.protocol import decode, send
-
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM this worker when the harness dies, so no engine outlives its run."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
-
 
 def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)  # unwinds through Worker.serve's finally: the engine closes
@@ -92,7 +81,7 @@ class Worker:
 
 
 def main() -> int:
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
