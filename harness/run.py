@@ -52,21 +52,26 @@ def check_engines_available(scenario: LoadedScenario, names: list[str]) -> None:
         registry.require_available(spec.engine, spec.python)
 
 
+def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: list, op: str = "generate",
+                dtype: str | None = None, plan_name: str | None = None) -> EnginePlan:
+    """The plan for one engine of a scenario; dtype and plan_name override the scenario's (a noise-floor run)."""
+    spec, engine = scenario.spec, scenario.spec.engines[name]
+    dtype = dtype or spec.engine_dtype(name)
+    plan_name = plan_name or name
+    return EnginePlan(
+        name=plan_name, engine=engine.engine, model_path=models.resolve(spec.model, dtype, str(scenario.path)),
+        dtype=dtype, options=engine.options, python=engine.python, threads=spec.engine_threads(name),
+        batch_size=engine.batch_size, requests=requests, workdir=run_dir / "engines" / plan_name,
+        load_timeout=spec.engine_timeouts(name).load, case_timeout=spec.engine_timeouts(name).case, op=op,
+        import_paths=[str(scenario.path.parent.resolve())])
+
+
 def plan_engines(scenario: LoadedScenario, names: list[str], run_dir: Path,
                  prompt_ids: dict[str, list[int]]) -> list[EnginePlan]:
     spec = scenario.spec
-    plans = []
-    for name in names:
-        engine = spec.engines[name]
-        dtype = spec.engine_dtype(name)
-        requests = [Request(c.case_id, prompt_ids[c.prompt.id], c.engine_params[name], spec.top_logprobs,
-                            c.prompt.text, c.prompt.messages) for c in scenario.cases]
-        plans.append(EnginePlan(
-            name=name, engine=engine.engine, model_path=models.resolve(spec.model, dtype, str(scenario.path)),
-            dtype=dtype, options=engine.options, python=engine.python, threads=spec.engine_threads(name),
-            batch_size=engine.batch_size, requests=requests, workdir=run_dir / "engines" / name,
-            load_timeout=spec.engine_timeouts(name).load, case_timeout=spec.engine_timeouts(name).case))
-    return plans
+    return [engine_plan(scenario, name, run_dir, [
+        Request(c.case_id, prompt_ids[c.prompt.id], c.engine_params[name], spec.top_logprobs, c.prompt.text,
+                c.prompt.messages) for c in scenario.cases]) for name in names]
 
 
 def machine_info() -> dict:
@@ -82,10 +87,22 @@ def engine_meta(plan: EnginePlan, outcome: EngineOutcome) -> dict:
             "restarts": outcome.restarts}
 
 
+def select_cases(scenario: LoadedScenario, only: list[str] | None) -> None:
+    """Keep only the named cases (parity explain --case)."""
+    if not only:
+        return
+    known = [c.case_id for c in scenario.cases]
+    unknown = [c for c in only if c not in known]
+    if unknown:
+        raise ConfigError(f"--case: {unknown} not in {scenario.path} (cases: {', '.join(known)})")
+    scenario.cases = [c for c in scenario.cases if c.case_id in only]
+
+
 def execute(path: Path, out_root: Path, only: list[str] | None, parallel: int | None,
-            progress: Callable[[str, str], None], on_start: Callable[[LoadedScenario, list[str], Path], None]
-            ) -> RunOutcome:
+            progress: Callable[[str, str], None], on_start: Callable[[LoadedScenario, list[str], Path], None],
+            cases: list[str] | None = None) -> RunOutcome:
     scenario = load(path)
+    select_cases(scenario, cases)
     names = select_engines(scenario, only)
     check_engines_available(scenario, names)
     ref_path = models.resolve(scenario.spec.model, scenario.spec.engine_dtype(scenario.spec.reference), str(path))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.types import Request, Result
+from harness.types import Request, Result, TraceRequest, TraceResult
 from harness.worker_handle import WorkerGone, WorkerHandle, WorkerTimeout
 
 MAX_RESTARTS = 2
@@ -30,16 +30,18 @@ class EnginePlan:
     python: str | None
     threads: int
     batch_size: int
-    requests: list[Request]
+    requests: list[Request] | list[TraceRequest]
     workdir: Path
     load_timeout: float
     case_timeout: float
+    op: str = "generate"  # generate (Request -> Result) | trace (TraceRequest -> TraceResult, engine loaded to trace)
+    import_paths: list[str] = field(default_factory=list)  # extra PYTHONPATH entries (the scenario's folder)
 
 
 @dataclass
 class EngineOutcome:
     name: str
-    results: dict[str, Result] = field(default_factory=dict)
+    results: dict[str, Result | TraceResult] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     load_s: list[float] = field(default_factory=list)
     worker_pids: list[int] = field(default_factory=list)
@@ -56,8 +58,9 @@ class EngineRun:
         self.worker: WorkerHandle | None = None
         self.stopped = threading.Event()
         self.journal = None
+        self.result_type = TraceResult if plan.op == "trace" else Result
 
-    def _record(self, result: Result) -> None:
+    def _record(self, result: Result | TraceResult) -> None:
         self.outcome.results[result.case_id] = result
         self.journal.write(json.dumps(result.to_json()) + "\n")
         self.journal.flush()
@@ -66,17 +69,20 @@ class EngineRun:
     def _fail(self, requests: list[Request], error: str) -> None:
         for request in requests:
             if request.case_id not in self.outcome.results:
-                self._record(Result.engine_error(request.case_id, self.plan.name, f"engine error: {error}"))
+                self._record(self.result_type.engine_error(request.case_id, self.plan.name,
+                                                           f"engine error: {error}"))
 
     def _start_worker(self) -> None:
         plan = self.plan
         self.progress(plan.name, "loading")
-        self.worker = WorkerHandle(plan.name, plan.python, plan.threads, plan.workdir / "worker.log")
+        self.worker = WorkerHandle(plan.name, plan.python, plan.threads, plan.workdir / "worker.log",
+                                   plan.import_paths)
         self.worker.start()
         self.outcome.worker_pids.append(self.worker.pid)
         (plan.workdir / "worker.pid").write_text(str(self.worker.pid))
         self.worker.send({"op": "load", "engine": plan.engine, "name": plan.name, "model_path": str(plan.model_path),
-                          "dtype": plan.dtype, "options": plan.options, "workdir": str(plan.workdir)})
+                          "dtype": plan.dtype, "options": plan.options, "workdir": str(plan.workdir),
+                          "trace": plan.op == "trace"})
         message = self.worker.receive(plan.load_timeout)
         if message["event"] != "ready":
             raise WorkerGone(f"could not load: {message.get('error', message)}")
@@ -84,26 +90,26 @@ class EngineRun:
         self.outcome.load_s.append(message["load_s"])
         self.progress(plan.name, "ready")
 
-    def _run_batch(self, batch: list[Request]) -> None:
-        self.worker.send({"op": "generate", "requests": [r.to_json() for r in batch]})
+    def _run_batch(self, batch: list[Request] | list[TraceRequest]) -> None:
+        self.worker.send({"op": self.plan.op, "requests": [r.to_json() for r in batch]})
         owed = {r.case_id for r in batch}
         while True:
             message = self.worker.receive(self.plan.case_timeout * max(1, len(owed)))
             if message["event"] == "result":
-                result = Result.from_json(message["result"])
+                result = self.result_type.from_json(message["result"])
                 owed.discard(result.case_id)
                 self._record(result)
             elif message["event"] == "case_error":
                 owed.discard(message["case_id"])
-                self._record(Result.engine_error(message["case_id"], self.plan.name,
-                                                 f"engine error: {message['error']}"))
+                self._record(self.result_type.engine_error(message["case_id"], self.plan.name,
+                                                           f"engine error: {message['error']}"))
             elif message["event"] == "batch_done":
                 return
 
     def run(self) -> EngineOutcome:
         pending = list(self.plan.requests)
         self.plan.workdir.mkdir(parents=True, exist_ok=True)
-        self.journal = open(self.plan.workdir / "results.jsonl", "a")
+        self.journal = open(self.plan.workdir / ("traces.jsonl" if self.plan.op == "trace" else "results.jsonl"), "a")
         try:
             while pending and not self.stopped.is_set():
                 batch, pending = pending[: self.plan.batch_size], pending[self.plan.batch_size:]

@@ -37,6 +37,13 @@ class Timeouts(Strict):
     case: float = Field(300, gt=0, description="seconds per case")
 
 
+class ExplainSettings(Strict):
+    """`parity explain`: a capture point leaves the noise floor when its error exceeds k x the floor (the reference
+    engine vs itself in higher precision: float32 for bf16/fp16 scenarios, float64 for float32 ones)."""
+
+    k: float = Field(10.0, gt=1)
+
+
 class EngineSpec(Strict):
     engine: str
     reference: bool = False
@@ -78,6 +85,7 @@ class Scenario(Strict):
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     expect: Expectation = Field(default_factory=Expectation)
     timeouts: Timeouts = Field(default_factory=Timeouts)
+    explain: ExplainSettings = Field(default_factory=ExplainSettings)
 
     @field_validator("engines")
     @classmethod

@@ -107,3 +107,45 @@ class Result:
     @classmethod
     def engine_error(cls, case_id: str, engine: str, error: str) -> "Result":
         return cls(case_id=case_id, engine=engine, status="error", error=error)
+
+
+@dataclass
+class TraceRequest:
+    """Teacher forcing: one forward pass over a fixed token sequence (the prompt plus the reference's generated
+    tokens), capturing every canonical point (harness.trace_points) at every position."""
+
+    case_id: str
+    token_ids: list[int]
+    prompt_len: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "TraceRequest":
+        return cls(data["case_id"], list(data["token_ids"]), int(data["prompt_len"]))
+
+
+@dataclass
+class TraceResult:
+    """Where an engine wrote a case's trace (a safetensors file of [positions, width] tensors) and what it saw."""
+
+    case_id: str
+    engine: str
+    status: str  # "ok" | "error"
+    path: str = ""
+    points: list[str] = field(default_factory=list)
+    nonfinite: dict[str, int] = field(default_factory=dict)  # point -> count of inf/NaN values
+    timings: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "TraceResult":
+        return cls(**data)
+
+    @classmethod
+    def engine_error(cls, case_id: str, engine: str, error: str) -> "TraceResult":
+        return cls(case_id=case_id, engine=engine, status="error", error=error)

@@ -38,8 +38,8 @@ class Worker:
                 message = decode(line)
                 if message["op"] == "load" and not self.load(message):
                     return 1
-                if message["op"] == "generate":
-                    self.generate(message["requests"])
+                if message["op"] in ("generate", "trace"):
+                    self.run_batch(message["op"], message["requests"])
                 if message["op"] == "close":
                     return 0
             return 0
@@ -54,7 +54,7 @@ class Worker:
         try:
             cls = engine_class(message["engine"])
             self.engine = cls(message["name"], Path(message["model_path"]), message["dtype"], message["options"],
-                              Path(message["workdir"]))
+                              Path(message["workdir"]), **({"trace": True} if message.get("trace") else {}))
             send(self.protocol, {"event": "ready", "versions": self.engine.versions(),
                                  "load_s": time.perf_counter() - started})
             return True
@@ -63,13 +63,14 @@ class Worker:
             send(self.protocol, {"event": "fatal", "error": _short(exc)})
             return False
 
-    def generate(self, raw_requests: list[dict[str, Any]]) -> None:
-        from harness.types import Request
+    def run_batch(self, op: str, raw_requests: list[dict[str, Any]]) -> None:
+        """op generate: Request -> Result; op trace: TraceRequest -> TraceResult (engine.trace)."""
+        from harness.types import Request, TraceRequest
 
-        requests = [Request.from_json(r) for r in raw_requests]
+        requests = [(TraceRequest if op == "trace" else Request).from_json(r) for r in raw_requests]
         done: set[str] = set()
         try:
-            for result in self.engine.generate(requests):
+            for result in getattr(self.engine, op)(requests):
                 done.add(result.case_id)
                 send(self.protocol, {"event": "result", "result": result.to_json()})
         except Exception as exc:  # a failing batch becomes per-case errors; the worker stays up

@@ -26,23 +26,24 @@ class WorkerTimeout(Exception):
     pass
 
 
-def worker_env(threads: int) -> dict[str, str]:
-    """Explicit threads for every engine process (default OpenMP spin-waiting makes CPU runs 10-50x slower)."""
+def worker_env(threads: int, import_paths: list[str] = ()) -> dict[str, str]:
+    """Explicit threads for every engine process (default OpenMP spin-waiting makes CPU runs 10-50x slower).
+    import_paths (the scenario's folder) go on PYTHONPATH, so a model patch next to a scenario is importable."""
     env = dict(os.environ)
     env.update({
         "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "passive",
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), *import_paths, env.get("PYTHONPATH")])),
         "PYTHONUNBUFFERED": "1",
     })
     return env
 
 
 class WorkerHandle:
-    def __init__(self, name: str, python: str | None, threads: int, log_path: Path):
+    def __init__(self, name: str, python: str | None, threads: int, log_path: Path, import_paths: list[str] = ()):
         self.name, self.log_path = name, log_path
         self.python = python or sys.executable
-        self.threads = threads
+        self.threads, self.import_paths = threads, list(import_paths)
         self.process: subprocess.Popen | None = None
         self.messages: queue.Queue = queue.Queue()
 
@@ -51,7 +52,7 @@ class WorkerHandle:
         self.log = open(self.log_path, "ab")
         read_fd, write_fd = os.pipe()
         self.process = subprocess.Popen([self.python, "-m", "harness.worker"], stdin=subprocess.PIPE,
-                                        stdout=write_fd, stderr=self.log, env=worker_env(self.threads),
+                                        stdout=write_fd, stderr=self.log, env=worker_env(self.threads, self.import_paths),
                                         cwd=PROJECT_ROOT, text=True, start_new_session=True)
         os.close(write_fd)
         threading.Thread(target=self._read, args=(os.fdopen(read_fd),), daemon=True).start()

@@ -1,0 +1,52 @@
+"""Canonical capture points of a decoder-only transformer, shared by the adapters (which capture them) and the trace
+diff (which compares them). Names are engine-independent: a fused module is split into these parts by the adapter.
+
+A trace file holds one [positions, width] tensor per point, named `embeddings`, `layers.<i>.<point>`,
+`final_norm` and `logits`, in the order a forward pass computes them.
+"""
+
+from __future__ import annotations
+
+# Per decoder layer, in computation order. q/k/v are after projection and before rope; q_rope/k_rope after rope;
+# attn is the attention output before o_proj; residual is the residual stream after the layer.
+LAYER_POINTS = ("input_norm", "q", "k", "v", "q_rope", "k_rope", "attn", "o_proj", "post_norm", "gate", "up", "mlp",
+                "residual")
+
+# Which part of the model a point's error implicates, in words a report can use.
+COMPONENT = {
+    "embeddings": "embeddings",
+    "input_norm": "input norm",
+    "q": "q/k/v projection", "k": "q/k/v projection", "v": "q/k/v projection",
+    "q_rope": "rope", "k_rope": "rope",
+    "attn": "attention kernel",
+    "o_proj": "attention output projection (o_proj)",
+    "post_norm": "post-attention norm",
+    "gate": "MLP (gate/up projection)", "up": "MLP (gate/up projection)",
+    "mlp": "MLP (down projection / activation)",
+    "residual": "residual add",
+    "final_norm": "final norm",
+    "logits": "lm_head / logits",
+}
+
+
+def layer_point(layer: int, point: str) -> str:
+    return f"layers.{layer}.{point}"
+
+
+def parse(name: str) -> tuple[int, str]:
+    """'layers.3.q' -> (3, 'q'); 'embeddings' -> (-1, 'embeddings'); 'final_norm'/'logits' -> (10**6, name)."""
+    if name.startswith("layers."):
+        _, layer, point = name.split(".", 2)
+        return int(layer), point
+    return (-1, name) if name == "embeddings" else (10**6, name)
+
+
+def ordered(names: list[str]) -> list[str]:
+    """Capture point names in forward-pass order (layer, then position of the point within the layer)."""
+    rank = {p: i for i, p in enumerate(LAYER_POINTS)}
+
+    def key(name: str) -> tuple[int, int]:
+        layer, point = parse(name)
+        return layer, rank.get(point, 0 if point != "logits" else 1)
+
+    return sorted(names, key=key)
