@@ -27,6 +27,7 @@ from harness.trace_diff import Trace, against_floor, compare_traces, summarize, 
 from harness.types import TraceRequest, TraceResult
 from harness import models
 
+ARGMAX_TOLERANCE = 1e-5  # nats: a chosen token this close to the top logprob was picked by the logits alone
 FLOOR_DTYPE = {"float32": "float64", "bfloat16": "float32", "float16": "float32"}
 
 
@@ -155,13 +156,19 @@ def _divergence(steps: pd.DataFrame, ref: str, name: str, request: TraceRequest,
     position = request.prompt_len + step - 1
     (forced_ref_top, forced_ref_margin), (forced_top, forced_margin) = top2(ref_trace, position), top2(trace, position)
     return Divergence(step, int(ref_row["token_id"]), int(row["token_id"]), [int(t) for t in ref_row["top_ids"][:2]],
-                      _margin(ref_row), [int(t) for t in row["top_ids"][:2]], _margin(row), position,
-                      forced_ref_top, forced_ref_margin, forced_top, forced_margin)
+                      _margin(ref_row), [int(t) for t in row["top_ids"][:2]], _margin(row), _took_argmax(ref_row),
+                      _took_argmax(row), position, forced_ref_top, forced_ref_margin, forced_top, forced_margin)
 
 
 def _margin(step_row) -> float:
     values = step_row["top_logprobs"]
     return float(values[0] - values[1]) if len(values) > 1 else float("nan")
+
+
+def _took_argmax(step_row) -> bool:
+    """Whether the chosen token is (tied with) the best of the raw logits, as greedy decoding without penalties
+    picks it; exact ties count, since engines break them differently."""
+    return bool(step_row["chosen_logprob"] >= step_row["top_logprobs"][0] - ARGMAX_TOLERANCE)
 
 
 def _explain_engine(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFrame, request: TraceRequest, name: str,

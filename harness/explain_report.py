@@ -63,11 +63,16 @@ def write_markdown(path: Path, scenario: str, run_id: str, meta: dict[str, Any],
                       "|---|---|---|---|---|---|---|",
                       f"| {out['point']} | {out['cause']} | {out['error']:.3g} | {out['floor']:.3g} | "
                       f"{out['ratio']:.3g} | {out['jump']:.3g} | {out['position']} |", ""]
-        tf = loc.get("teacher_forced")
-        if tf:
-            lines += [f"Teacher-forced at step {tf['step']} (position {tf['position']}): reference top-2 "
-                      f"{[decode(t) for t in tf['ref_top']]} margin {tf['ref_margin']:.3g}; {loc['engine']} top-2 "
-                      f"{[decode(t) for t in tf['engine_top']]} margin {tf['engine_margin']:.3g}", ""]
+        d = loc.get("divergence")
+        if d:
+            lines += [f"| first divergent step {d['step']} | chose | raw top-2 | margin | teacher-forced top-2 | "
+                      "margin |", "|---|---|---|---|---|---|"]
+            for who, prefix, forced in ((loc["reference"], "ref", "forced_ref"), (loc["engine"], "engine",
+                                                                                  "forced_engine")):
+                lines.append(f"| {who} | {decode(d[prefix + '_token'])!r} | {[decode(t) for t in d[prefix + '_top']]} "
+                             f"| {d[prefix + '_margin']:.3g} | {[decode(t) for t in d[forced + '_top']]} | "
+                             f"{d[forced + '_margin']:.3g} |")
+            lines.append("")
         if loc.get("curve"):
             lines += ["Residual stream after each layer (relative L2 at the worst position):", "",
                       "| layer | error | floor | x floor |", "|---|---|---|---|"]

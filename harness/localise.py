@@ -33,6 +33,8 @@ class Divergence:
     ref_margin: float
     engine_top: list[int]
     engine_margin: float
+    ref_took_argmax: bool  # the chosen token is (tied with) the top of the engine's own raw logits
+    engine_took_argmax: bool
     position: int
     forced_ref_top: list[int]
     forced_ref_margin: float
@@ -40,9 +42,9 @@ class Divergence:
     forced_engine_margin: float
 
     @property
-    def raw_logits_agree(self) -> bool:
-        """Both engines' raw logits ranked the same token first, yet they chose different tokens."""
-        return self.ref_top[0] == self.engine_top[0]
+    def picked_after_logits(self) -> bool:
+        """An engine chose a token other than its raw argmax: penalties, sampling or the sampler decided."""
+        return not (self.ref_took_argmax and self.engine_took_argmax)
 
 
 @dataclass
@@ -142,11 +144,12 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
              if first else "; the engines' activations are bit-identical")
     if divergence is None:
         return Localisation(cause="none", verdict=f"no divergence: {within}{drift}", **base)
-    if divergence.raw_logits_agree:
-        verdict = (f"logits agree within noise but tokens differ: {within}; at step {divergence.step} both engines' "
-                   f"raw logits rank {decode(divergence.ref_top[0])!r} first, yet the reference chose "
-                   f"{decode(divergence.ref_token)!r} and {engine} {decode(divergence.engine_token)!r}, so the "
-                   f"difference is in the sampler or penalty semantics")
+    if divergence.picked_after_logits:
+        d = divergence
+        verdict = (f"logits agree within noise but tokens differ: {within}; at step {d.step} the reference's raw "
+                   f"logits rank {decode(d.ref_top[0])!r} first and it chose {decode(d.ref_token)!r}, {engine}'s "
+                   f"rank {decode(d.engine_top[0])!r} first and it chose {decode(d.engine_token)!r}: the tokens "
+                   "were picked after the logits, so the difference is in the sampler or penalty semantics")
         return Localisation(cause="sampler", verdict=verdict + (f"; {param_note}" if param_note else ""), **base)
     verdict = (f"near-tie: {step_note[0].lower()}{step_note[1:]}; {within}{drift}; a drift this small flips only "
                "near-tied tokens")
@@ -154,14 +157,14 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
 
 
 def _step_note(d: Divergence, decode: Decode, engine: str) -> str:
-    ref_tok, engine_tok = decode(d.ref_top[0]), decode(d.engine_top[0])
-    if d.raw_logits_agree:
-        return (f"Tokens first differ at step {d.step}, where both engines' raw logits rank {ref_tok!r} first "
-                f"(margins {_fmt(d.ref_margin)} and {_fmt(d.engine_margin)} nats)")
+    ref_tok, engine_tok = decode(d.ref_token), decode(d.engine_token)
+    if d.picked_after_logits:
+        return (f"Tokens first differ at step {d.step} ({ref_tok!r} vs {engine_tok!r}), where the raw logits rank "
+                f"{decode(d.ref_top[0])!r} and {decode(d.engine_top[0])!r} first")
     forced = ("teacher-forced, both rank the same token first" if d.forced_ref_top[0] == d.forced_engine_top[0]
               else f"teacher-forced, the margins are {_fmt(d.forced_ref_margin)} and {_fmt(d.forced_engine_margin)}")
-    return (f"Tokens first differ at step {d.step}: the reference's logits rank {ref_tok!r} first by "
-            f"{_fmt(d.ref_margin)} nats, {engine}'s rank {engine_tok!r} first by {_fmt(d.engine_margin)} nats "
+    return (f"Tokens first differ at step {d.step}: the reference's logits put {ref_tok!r} on top with a margin of "
+            f"{_fmt(d.ref_margin)} nats, {engine}'s put {engine_tok!r} on top with {_fmt(d.engine_margin)} nats "
             f"({forced})")
 
 

