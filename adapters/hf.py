@@ -16,6 +16,34 @@ class Options(InProcessOptions):
     batched: bool = False  # True: cases with equal params go through generate() together, left-padded
 
 
+def translate(params: SamplingParams) -> Translation:
+    """Canonical params -> HF generate() kwargs, with a warning for each param HF cannot honour."""
+    warnings = greedy_ignored(params)
+    native: dict[str, Any] = {"max_new_tokens": params.max_new_tokens, "do_sample": not params.greedy}
+    if params.greedy:
+        native.update(temperature=None, top_k=None, top_p=None)
+    else:
+        # Unset truncation means none, as in the canonical vocabulary (HF's own default would be top_k=50).
+        native.update(temperature=params.temperature or 1.0, top_k=params.top_k or 0, top_p=params.top_p or 1.0)
+        if params.min_p is not None:
+            native["min_p"] = params.min_p
+    if params.repetition_penalty is not None:
+        native["repetition_penalty"] = params.repetition_penalty
+    for penalty in ("frequency_penalty", "presence_penalty"):
+        if getattr(params, penalty):
+            warnings.append(f"{penalty}={getattr(params, penalty)} NOT APPLIED: HF generate has no "
+                            f"{penalty} (its repetition_penalty is multiplicative and has other semantics)")
+    if params.min_new_tokens:
+        native["min_new_tokens"] = params.min_new_tokens
+    if params.ignore_eos:
+        native["min_new_tokens"] = params.max_new_tokens  # HF has no ignore_eos: forbid EOS until the end
+    if params.stop:
+        native["stop_strings"] = list(params.stop)
+    if params.seed is not None:
+        native["torch_manual_seed"] = params.seed
+    return Translation(native, warnings)
+
+
 class Engine:
     def __init__(self, name: str, model_path: Path, dtype: str, options: dict[str, Any], workdir: Path,
                  trace: bool = False):
@@ -44,30 +72,7 @@ class Engine:
         return {"transformers": transformers.__version__, "torch": self.torch.__version__}
 
     def translate(self, params: SamplingParams, top_logprobs: int) -> Translation:
-        warnings = greedy_ignored(params)
-        native: dict[str, Any] = {"max_new_tokens": params.max_new_tokens, "do_sample": not params.greedy}
-        if params.greedy:
-            native.update(temperature=None, top_k=None, top_p=None)
-        else:
-            # Unset truncation means none, as in the canonical vocabulary (HF's own default would be top_k=50).
-            native.update(temperature=params.temperature or 1.0, top_k=params.top_k or 0, top_p=params.top_p or 1.0)
-            if params.min_p is not None:
-                native["min_p"] = params.min_p
-        if params.repetition_penalty is not None:
-            native["repetition_penalty"] = params.repetition_penalty
-        for penalty in ("frequency_penalty", "presence_penalty"):
-            if getattr(params, penalty):
-                warnings.append(f"{penalty}={getattr(params, penalty)} NOT APPLIED: HF generate has no "
-                                f"{penalty} (its repetition_penalty is multiplicative and has other semantics)")
-        if params.min_new_tokens:
-            native["min_new_tokens"] = params.min_new_tokens
-        if params.ignore_eos:
-            native["min_new_tokens"] = params.max_new_tokens  # HF has no ignore_eos: forbid EOS until the end
-        if params.stop:
-            native["stop_strings"] = list(params.stop)
-        if params.seed is not None:
-            native["torch_manual_seed"] = params.seed
-        return Translation(native, warnings)
+        return translate(params)
 
     def generate(self, requests: list[Request]) -> Iterator[Result]:
         if not self.options.batched:

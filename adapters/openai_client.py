@@ -37,11 +37,18 @@ class Completion:
     prompt_token_ids: list[int] | None = None
 
 
-def translate(params: SamplingParams, dialect: Dialect, top_logprobs: int, endpoint: str) -> Translation:
-    """Canonical params -> request fields this server accepts; a warning for every param it won't honour."""
+def translate(params: SamplingParams, dialect: Dialect, top_logprobs: int, endpoint: str,
+              defaults: str = "canonical") -> Translation:
+    """Canonical params -> request fields this server accepts; a warning for every param it won't honour.
+    defaults "engine": params the scenario left unset are not sent, so the server's own defaults apply."""
     warnings: list[str] = []
-    body: dict[str, Any] = {"max_tokens": params.max_new_tokens,
-                            "temperature": 0.0 if params.greedy else (params.temperature or 1.0)}
+    body: dict[str, Any] = {"max_tokens": params.max_new_tokens}
+    decided = params.temperature is not None or params.do_sample is not None
+    if defaults == "canonical" or decided:
+        body["temperature"] = 0.0 if params.greedy else (params.temperature or 1.0)
+    else:
+        warnings.append(f"temperature and do_sample unset: the {dialect.name} server's defaults decide "
+                        f"({dialect.defaults.get('temperature', 'its own')})")
     neutral = {"top_p": 1.0, "top_k": 0 if dialect.name != "llamacpp" else -1, "min_p": 0.0,
                "repetition_penalty": 1.0}
     for name, value in params.set_fields().items():
@@ -56,7 +63,7 @@ def translate(params: SamplingParams, dialect: Dialect, top_logprobs: int, endpo
             warnings.append(f"{name}={value} NOT APPLIED: the {dialect.name} server has no such field")
         else:
             body[OPENAI_FIELDS.get(name) or dialect.extra_fields[name]] = value
-    if not params.greedy:  # unset truncation means none: say so explicitly where the server defaults otherwise
+    if defaults == "canonical" and not params.greedy:  # unset truncation means none, explicitly
         for name, value in neutral.items():
             sent = OPENAI_FIELDS.get(name) or dialect.extra_fields.get(name)
             if getattr(params, name) is None and sent and sent not in body:

@@ -31,6 +31,7 @@ class ClientOptions(EngineOptions):
     concurrency: int = Field(4, ge=1)
     request_timeout: float = Field(300, gt=0)
     retries: int = Field(3, ge=0)
+    defaults: Literal["canonical", "engine"] = "canonical"  # engine: params left unset are not sent
 
 
 def is_loopback(url: str) -> bool:
@@ -105,7 +106,8 @@ class Engine:
                 "httpx": httpx.__version__}
 
     def translate(self, params: SamplingParams, top_logprobs: int) -> Translation:
-        translation = translate(params, self.dialect, top_logprobs, self.client_options.endpoint)
+        translation = translate(params, self.dialect, top_logprobs, self.client_options.endpoint,
+                                self.client_options.defaults)
         translation.warnings[:0] = greedy_ignored(params)
         return translation
 

@@ -76,3 +76,23 @@ def require_available(name: str, python: str | None = None) -> None:
     reason = check_available(name, python)
     if reason:
         raise EngineUnavailable(reason)
+
+
+def sampling_code(engine: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The module holding an engine's own sampling code (effective params, sampler transplant) and the keyword
+    arguments that select its path; None when no such code is available here (servers of other kinds)."""
+    if engine == "hf":
+        return "adapters.hf_sampling", {}
+    if engine == "vllm":
+        return "adapters.vllm_sampling", {"mode": "offline"}
+    if engine == "vllm-server":  # started by the harness with --generation-config vllm unless the scenario says auto
+        return "adapters.vllm_sampling", {"mode": "server",
+                                          "generation_config": options.get("generation_config", "vllm")}
+    if engine in ("lmdeploy", "lmdeploy-server"):
+        return "adapters.lmdeploy_sampling", {"mode": "pipeline" if engine == "lmdeploy" else "server",
+                                              "defaults": options.get("defaults", "canonical")}
+    if engine == "openai" and options.get("dialect") == "vllm":  # a server we did not start: vLLM's default
+        return "adapters.vllm_sampling", {"mode": "server", "generation_config": "auto"}
+    if engine == "openai" and options.get("dialect") == "lmdeploy":
+        return "adapters.lmdeploy_sampling", {"mode": "server", "defaults": options.get("defaults", "canonical")}
+    return None

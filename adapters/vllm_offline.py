@@ -56,6 +56,24 @@ def prepare_env(workdir: Path, options: Options, sockets: Path) -> dict[str, str
     return env
 
 
+def translate(params: SamplingParams, top_logprobs: int = 5) -> Translation:
+    """Canonical params -> vllm.SamplingParams kwargs (unset means neutral, as in the canonical vocabulary)."""
+    native: dict[str, Any] = {
+        "temperature": 0.0 if params.greedy else (params.temperature or 1.0),
+        "top_k": params.top_k or 0, "top_p": params.top_p or 1.0, "min_p": params.min_p or 0.0,
+        "repetition_penalty": params.repetition_penalty or 1.0,
+        "frequency_penalty": params.frequency_penalty or 0.0,
+        "presence_penalty": params.presence_penalty or 0.0,
+        "max_tokens": params.max_new_tokens, "min_tokens": params.min_new_tokens or 0,
+        "ignore_eos": params.ignore_eos, "logprobs": top_logprobs,
+    }
+    if params.seed is not None:
+        native["seed"] = params.seed
+    if params.stop:
+        native["stop"] = list(params.stop)
+    return Translation(native, greedy_ignored(params))
+
+
 class Engine:
     def __init__(self, name: str, model_path: Path, dtype: str, options: dict[str, Any], workdir: Path,
                  trace: bool = False):
@@ -111,20 +129,7 @@ class Engine:
         return {"vllm": vllm.__version__, "torch": torch.__version__}
 
     def translate(self, params: SamplingParams, top_logprobs: int) -> Translation:
-        native: dict[str, Any] = {
-            "temperature": 0.0 if params.greedy else (params.temperature or 1.0),
-            "top_k": params.top_k or 0, "top_p": params.top_p or 1.0, "min_p": params.min_p or 0.0,
-            "repetition_penalty": params.repetition_penalty or 1.0,
-            "frequency_penalty": params.frequency_penalty or 0.0,
-            "presence_penalty": params.presence_penalty or 0.0,
-            "max_tokens": params.max_new_tokens, "min_tokens": params.min_new_tokens or 0,
-            "ignore_eos": params.ignore_eos, "logprobs": top_logprobs,
-        }
-        if params.seed is not None:
-            native["seed"] = params.seed
-        if params.stop:
-            native["stop"] = list(params.stop)
-        return Translation(native, greedy_ignored(params))
+        return translate(params, top_logprobs)
 
     def generate(self, requests: list[Request]) -> Iterator[Result]:
         from vllm import SamplingParams as VllmSamplingParams

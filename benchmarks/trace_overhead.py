@@ -1,7 +1,7 @@
 """Cost of tracing, measured side by side in one run (this machine is shared and noisy: compare within a run).
 
-1. Per engine (HF, vLLM), in one fresh process each with the model loaded once: an untraced generation of a case
-   (prompt + generated tokens = --positions) vs the traced teacher-forced pass over the same token sequence, which
+1. Per engine (HF, vLLM), in one fresh process each with the model loaded once and warmed up (vLLM compiles its
+   CPU kernels on the first generate): an untraced generation of a case (prompt + generated tokens = --positions) vs the traced teacher-forced pass over the same token sequence, which
    captures 30 layers x 13 points + embeddings, final norm and logits and streams them to disk. Target <= 1.5x.
 2. Peak RSS of an HF worker that generates and then traces the case vs one that only generates (separate
    processes, ru_maxrss). Target: within 300 MB.
@@ -43,6 +43,7 @@ if __name__ == "__main__":
     prompt = load_tokenizer(model_path).encode(sys.argv[6])
     engine = engine_class(engine_name)(engine_name, model_path, "float32", {}, workdir, **({"trace": True} if trace else {}))
     params = SamplingParams(temperature=0, max_new_tokens=positions - len(prompt), ignore_eos=True)
+    list(engine.generate([Request("warm-up", prompt, SamplingParams(temperature=0, max_new_tokens=2))]))
     started = time.perf_counter()
     result = next(iter(engine.generate([Request("case", prompt, params)])))
     out = {"generate_s": time.perf_counter() - started}

@@ -170,6 +170,36 @@ def explain(scenario: Annotated[Path, typer.Argument(help="scenario YAML file", 
 
 @app.command()
 @cli_errors
+def params(scenario: Annotated[Path, typer.Argument(help="scenario YAML file", show_default=False)],
+           engines: Annotated[Optional[str], typer.Option(help="comma-separated engine names")] = None) -> None:
+    """What each engine will really do with the scenario's params, computed by the engine's own code (config
+    merges, generation_config.json defaults, clamps, greedy rewrites), side by side; differing rows marked."""
+    from rich.table import Table
+
+    from harness import effective
+    from harness.run import select_engines
+    from harness.scenario import load
+
+    loaded = load(scenario)
+    names = select_engines(loaded, [e.strip() for e in engines.split(",")] if engines else None, need_reference=False)
+    with console.status("running each engine's sampling code"):
+        table = effective.compute(loaded, names)
+    rejected = False
+    for cases, by_engine in effective.case_groups(loaded, names, table):
+        shown = Table(title=f"effective params: {loaded.name}, case(s) {', '.join(cases)}", show_lines=False)
+        shown.add_column("param")
+        for name in names:
+            shown.add_column(f"{name} ({loaded.spec.engines[name].engine})", overflow="fold")
+        shown.add_column("differs")
+        for field, values, differs in effective.table_rows(by_engine):
+            shown.add_row(field, *values, "[bold red]DIFFERS[/]" if differs else "")
+        console.print(shown)
+        rejected |= any(e.rejected for e in by_engine.values())
+    raise typer.Exit(2 if rejected else 0)
+
+
+@app.command()
+@cli_errors
 def gate(scenarios: ScenarioPaths,
          baseline: Annotated[Path, typer.Option(help="baseline directory (parity baseline save ... --to DIR)")],
          junit: Annotated[Optional[Path], typer.Option(help="write JUnit XML here")] = None,

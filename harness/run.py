@@ -13,7 +13,7 @@ from typing import Callable
 import pandas as pd
 
 from adapters import registry
-from harness import models
+from harness import effective, models
 from harness.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARITY, ConfigError
 from harness.prompts import load_tokenizer, tokenize_prompts
 from harness.runner import EnginePlan, EngineOutcome, run_engines
@@ -34,14 +34,14 @@ class RunOutcome:
     interrupted: bool
 
 
-def select_engines(scenario: LoadedScenario, only: list[str] | None) -> list[str]:
+def select_engines(scenario: LoadedScenario, only: list[str] | None, need_reference: bool = True) -> list[str]:
     names = list(scenario.spec.engines)
     if not only:
         return names
     unknown = [n for n in only if n not in names]
     if unknown:
         raise ConfigError(f"--engines: {unknown} not in {scenario.path} (engines there: {', '.join(names)})")
-    if scenario.spec.reference not in only:
+    if need_reference and scenario.spec.reference not in only:
         raise ConfigError(f"--engines: must include the reference engine '{scenario.spec.reference}'")
     return [n for n in names if n in only]
 
@@ -104,6 +104,7 @@ def execute(path: Path, out_root: Path, only: list[str] | None, parallel: int | 
     scenario = load(path)
     select_cases(scenario, cases)
     names = select_engines(scenario, only)
+    effective.preflight(scenario, names)
     check_engines_available(scenario, names)
     ref_path = models.resolve(scenario.spec.model, scenario.spec.engine_dtype(scenario.spec.reference), str(path))
     prompts = {c.prompt.id: c.prompt for c in scenario.cases}

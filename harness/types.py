@@ -149,3 +149,42 @@ class TraceResult:
     @classmethod
     def engine_error(cls, case_id: str, engine: str, error: str) -> "TraceResult":
         return cls(case_id=case_id, engine=engine, status="error", error=error)
+
+
+@dataclass
+class Effective:
+    """What an engine will really do with a request's params, computed by the engine's own code (config merges,
+    clamps, greedy rewrites), or why it rejects them. None means the engine has no such knob (or it is unused)."""
+
+    decoding: str = ""  # greedy | sampling
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    repetition_scope: str = ""  # which tokens the repetition penalty counts
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    max_new_tokens: int | None = None
+    min_new_tokens: int | None = None
+    seed: int | None = None
+    logits_dtype: str = ""  # the dtype the sampler works in
+    processors: list[str] = field(default_factory=list)  # the engine's processing steps, in order
+    sources: dict[str, str] = field(default_factory=dict)  # param -> request | generation_config.json | default
+    notes: list[str] = field(default_factory=list)
+    rejected: str = ""  # "rejected by ENGINE: reason" when the engine refuses the params
+
+    COMPARED = ("decoding", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "repetition_scope",
+                "frequency_penalty", "presence_penalty", "max_new_tokens", "min_new_tokens", "seed", "logits_dtype")
+    NEUTRAL = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}  # = no such knob
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Effective":
+        return cls(**data)
+
+    @classmethod
+    def refused(cls, engine: str, reason: str) -> "Effective":
+        return cls(rejected=f"rejected by {engine}: {reason}")

@@ -17,5 +17,5 @@ read_list() { "$venv/bin/python" -c "import tomllib,sys; print(' '.join(tomllib.
 "${pip[@]}" install -e ".[test]"
 "${pip[@]}" install --no-deps $(read_list no-deps)
 "${pip[@]}" uninstall -y $(read_list remove-after-install) 2>/dev/null || true
-"$venv/bin/python" -c "import transformers, vllm, harness" 2>/dev/null || { echo "bootstrap: import check failed" >&2; exit 1; }
+"$venv/bin/python" -c "import transformers, vllm, lmdeploy.messages, scipy, harness" 2>/dev/null || { echo "bootstrap: import check failed" >&2; exit 1; }
 touch "$stamp"

@@ -1,0 +1,71 @@
+"""Shared by the engines' sampling modules (hf_sampling, vllm_sampling, lmdeploy_sampling): where an effective
+param came from, and the recorder a sampler transplant writes into (processed scores per step, inf/NaN per
+operation, failures of the engine's own sampling op)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+REQUEST, MODEL_JSON, DEFAULT = "request", "generation_config.json", "engine default"
+
+
+def source_of(field: str, sent: dict[str, Any], model_json: dict[str, Any]) -> str:
+    """Where the engine took a param's value from: the request, the model's generation_config.json, or its own
+    default."""
+    if sent.get(field) is not None:
+        return REQUEST
+    return MODEL_JSON if model_json.get(field) is not None else DEFAULT
+
+
+class Recorder:
+    """Collects what an engine's sampling code did to each step's logits. Hazards are kept once per operation (the
+    first step it happened at, and on how many steps)."""
+
+    def __init__(self):
+        self.scores: list[Any] = []
+        self.sampling: list[bool] = []
+        self.hazards: dict[str, dict[str, Any]] = {}
+
+    def op(self, step: int, name: str, tensor: Any) -> None:
+        """Check one operation's output for inf/NaN."""
+        import torch
+
+        finite = torch.isfinite(tensor)
+        if bool(finite.all()):
+            return
+        values = tensor[~finite]
+        pos_inf, neg_inf = int((values == float("inf")).sum()), int((values == float("-inf")).sum())
+        nan = int(torch.isnan(values).sum())
+        if nan == 0 and pos_inf == 0:
+            return  # -inf is how samplers mask tokens out: not a hazard
+        self._hazard(step, name, {"+inf": pos_inf, "nan": nan, "dtype": str(tensor.dtype).removeprefix("torch.")})
+
+    def failure(self, step: int, name: str, exc: BaseException) -> None:
+        self._hazard(step, name, {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]})
+
+    def _hazard(self, step: int, name: str, details: dict[str, Any]) -> None:
+        entry = self.hazards.setdefault(name, {"op": name, "first_step": step, "steps": 0, **details})
+        entry["steps"] += 1
+
+    def step(self, step: int, scores: Any, sampling: bool) -> None:
+        """The processed scores the engine samples from (or takes the argmax of) at this step."""
+        import torch
+
+        self.scores.append(scores.detach().to(torch.float32).reshape(-1).clone())
+        self.sampling.append(sampling)
+
+    def save(self, path: Path) -> dict[str, Any]:
+        """Processed scores as [steps, vocab] float32 safetensors; returns the JSON summary."""
+        import torch
+        from safetensors.torch import save_file
+
+        if self.scores:
+            save_file({"scores": torch.stack(self.scores)}, str(path))
+        return {"path": str(path) if self.scores else "", "steps": len(self.scores), "sampling": self.sampling,
+                "hazards": list(self.hazards.values())}
+
+
+def dump(data: Any) -> str:
+    return json.dumps(data, default=str)

@@ -1,0 +1,117 @@
+"""Effective params: what each engine really does with a case's params (computed by the engine's own code in
+adapters.*_sampling), side by side, with the rows where engines differ marked; and the preflight that refuses
+params an engine would reject, before anything runs."""
+
+from __future__ import annotations
+
+import importlib
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from adapters.registry import sampling_code
+from harness import models
+from harness.errors import ConfigError
+from harness.sampling_jobs import SamplingJob, SamplingJobFailed
+from harness.scenario import LoadedScenario
+from harness.types import Effective, SamplingParams
+
+
+def display(value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, list):
+        return " > ".join(str(v) for v in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def comparable(effective: Effective, field: str) -> str:
+    """A field's value for comparison: an engine without a penalty knob behaves as with its neutral value."""
+    value = getattr(effective, field)
+    return display(Effective.NEUTRAL.get(field) if value is None and field in Effective.NEUTRAL else value)
+
+
+def differing_fields(by_engine: dict[str, Effective]) -> list[str]:
+    """The compared fields whose values are not the same for every engine that accepted the params."""
+    accepted = [e for e in by_engine.values() if not e.rejected]
+    return [f for f in Effective.COMPARED if len({comparable(e, f) for e in accepted}) > 1]
+
+
+def describe_differences(by_engine: dict[str, Effective], fields: list[str] | None = None) -> str:
+    """'repetition_penalty: hf 1.1 (generation_config.json), vllm 1' for each differing field."""
+    parts = []
+    for field in fields if fields is not None else differing_fields(by_engine):
+        values = []
+        for name, e in by_engine.items():
+            source = e.sources.get(field)
+            values.append(f"{name} {display(getattr(e, field))}"
+                          + (f" ({source})" if source and source != "request" else ""))
+        parts.append(f"{field}: {', '.join(values)}")
+    return "; ".join(parts)
+
+
+def preflight(scenario: LoadedScenario, names: list[str]) -> None:
+    """Refuse, before any engine starts, params an engine's own validation rejects (each sampling module declares
+    the ranges its engine enforces beyond the canonical ones, as LIMITS)."""
+    problems = []
+    for name in names:
+        spec = scenario.spec.engines[name]
+        code = sampling_code(spec.engine, spec.options)
+        limits = getattr(importlib.import_module(code[0]), "LIMITS", {}) if code else {}
+        for case in scenario.cases:
+            params = case.engine_params[name]
+            for field, (low, high, message) in limits.items():
+                value = getattr(params, field)
+                if value is not None and not low <= value <= high:
+                    problems.append(f"engines.{name} (case {case.case_id}): rejected by {spec.engine}: "
+                                    + message.format(value=value))
+    if problems:
+        shown = sorted(set(problems))
+        raise ConfigError(f"{scenario.path}: {shown[0]}" + (f" (and {len(shown) - 1} more)" if len(shown) > 1 else "")
+                          + ": change the param or drop the engine")
+
+
+def compute(scenario: LoadedScenario, names: list[str]) -> dict[str, dict[str, Effective]]:
+    """engine -> case id -> Effective, each engine's code run in a subprocess with that engine's interpreter."""
+
+    def one(name: str) -> dict[str, Effective]:
+        spec = scenario.spec.engines[name]
+        groups: dict[str, list[str]] = {}
+        for case in scenario.cases:
+            groups.setdefault(case.engine_params[name].model_dump_json(), []).append(case.case_id)
+        dtype = scenario.spec.engine_dtype(name)
+        job = SamplingJob("effective", spec.engine, spec.options, models.resolve(scenario.spec.model, dtype),
+                          dtype, [{"case_id": ids[0], "params": SamplingParams.model_validate_json(p).model_dump()}
+                                  for p, ids in groups.items()], spec.python, scenario.spec.engine_threads(name))
+        try:
+            answer = job.run()
+        except SamplingJobFailed as exc:
+            return {c.case_id: Effective(notes=[str(exc)]) for c in scenario.cases}
+        if "unavailable" in answer:
+            return {c.case_id: Effective(notes=[answer["unavailable"]]) for c in scenario.cases}
+        first = {item["case_id"]: Effective.from_json(item["effective"]) for item in answer["items"]}
+        return {case_id: first[ids[0]] for ids in groups.values() for case_id in ids}
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(names, pool.map(one, names)))
+
+
+def table_rows(by_engine: dict[str, Effective]) -> list[tuple[str, list[str], bool]]:
+    """(field, value per engine, differs) rows for display; rejected engines show their reason."""
+    differ = set(differing_fields(by_engine))
+    rows = [(f, [display(getattr(e, f)) if not e.rejected else "" for e in by_engine.values()], f in differ)
+            for f in (*Effective.COMPARED, "processors")]
+    if any(e.rejected for e in by_engine.values()):
+        rows.append(("rejected", [e.rejected or "-" for e in by_engine.values()], True))
+    rows.append(("notes", ["; ".join(e.notes) or "-" for e in by_engine.values()], False))
+    return rows
+
+
+def case_groups(scenario: LoadedScenario, names: list[str],
+                table: dict[str, dict[str, Effective]]) -> list[tuple[list[str], dict[str, Effective]]]:
+    """Cases whose effective params are the same for every engine, grouped (most scenarios have one group)."""
+    groups: dict[str, tuple[list[str], dict[str, Effective]]] = {}
+    for case in scenario.cases:
+        by_engine = {n: table[n][case.case_id] for n in names}
+        key = repr([e.to_json() for e in by_engine.values()])
+        groups.setdefault(key, ([], by_engine))[0].append(case.case_id)
+    return list(groups.values())
