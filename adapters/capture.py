@@ -29,6 +29,7 @@ class Capture:
         self.model, self.arch, self.sizes, self.num_layers = model, arch, sizes, num_layers
         self.derive = derive
         self.writer: TraceWriter | None = None
+        self.only: set[str] | None = None
         self.positions = 0
         self.pending: dict[str, list[Any]] = {}
         self.handles: list[Any] = []
@@ -87,6 +88,8 @@ class Capture:
             self._emit(name, part)
 
     def _emit(self, name: str, tensor: Any, last_first: bool = False) -> None:
+        if self.only is not None and name not in self.only:
+            return
         rows = tensor[0] if tensor.dim() == 3 and tensor.shape[0] == 1 else tensor  # HF keeps a batch of 1
         rows = rows.reshape(rows.shape[0], -1)  # [tokens, heads, dim] -> [tokens, heads*dim]
         chunks = self.pending.setdefault(name, [])
@@ -107,8 +110,9 @@ class Capture:
             for extra, value in self.derive(name, full):
                 self.writer.add(extra, value)
 
-    def begin(self, writer: TraceWriter, positions: int) -> None:
+    def begin(self, writer: TraceWriter, positions: int, only: list[str] | None = None) -> None:
         self.writer, self.positions, self.pending = writer, positions, {}
+        self.only = set(only) if only is not None else None
 
     def end(self) -> None:
         incomplete = {name: sum(c.shape[0] for c in chunks) for name, chunks in self.pending.items()}
@@ -134,7 +138,7 @@ def run_traces(engine_name: str, capture: Capture, requests: list[TraceRequest],
     for request in requests:
         path = trace_path(workdir, request.case_id)
         writer = TraceWriter(path, store_dtype)
-        capture.begin(writer, len(request.token_ids))
+        capture.begin(writer, len(request.token_ids), request.points)
         started = time.perf_counter()
         try:
             forward(request.token_ids)

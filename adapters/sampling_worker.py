@@ -51,7 +51,8 @@ def transplant_items(module: Any, kwargs: dict, job: dict[str, Any]) -> list[dic
             out.append({"case_id": item["case_id"], "variant": item["variant"],
                         "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400]})
             continue
-        out.append({"case_id": item["case_id"], "variant": item["variant"], **record.save(Path(item["out_path"]))})
+        out.append({"case_id": item["case_id"], "variant": item["variant"], **record.save(Path(item["out_path"])),
+                    "effective": module.effective(Path(job["model_path"]), params, job["dtype"], **kwargs).to_json()})
     return out
 
 

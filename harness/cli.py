@@ -117,6 +117,8 @@ def _run_one(path: Path, out: Path, only: list[str] | None, parallel: int | None
     for name, warnings in outcome.warnings.items():
         for warning in warnings:
             console.print(f"[yellow]warning[/] {name}: {warning}", highlight=False)
+    for cases, text in outcome.effective_differences:
+        console.print(f"[yellow]effective params differ[/] ({', '.join(cases)}): {text}", highlight=False)
     state = "INTERRUPTED" if outcome.interrupted else "PASS" if outcome.exit_code == 0 else "FAIL"
     console.print(f"{state}: {outcome.scenario.name} (exit {outcome.exit_code}); report: "
                   f"{outcome.run_dir / 'summary.md'}", highlight=False)
@@ -166,6 +168,43 @@ def explain(scenario: Annotated[Path, typer.Argument(help="scenario YAML file", 
             console.print(line, highlight=False, markup=False)
     console.print(f"explain: {result.explain_dir / 'summary.md'}", highlight=False)
     raise typer.Exit(EXIT_INTERRUPTED if result.interrupted else outcome.exit_code)
+
+
+@app.command()
+@cli_errors
+def transplant(scenario: Annotated[Path, typer.Argument(help="scenario YAML file", show_default=False)],
+               case: Annotated[Optional[list[str]], typer.Option(help="case id (repeatable; default: all)")] = None,
+               engines: Annotated[Optional[str], typer.Option(help="comma-separated engine names")] = None,
+               out: Annotated[Path, typer.Option(help="where run directories are written")] = Path("reports")
+               ) -> None:
+    """Run every engine's own sampling code on the same logits (the reference's, teacher-forced), compare the
+    distributions step by step, name the param behind a disagreement, and report inf/NaN hazards. Only the
+    reference generates, so engines that cannot run here are compared too. Exit 1 if a sampler disagrees."""
+    from harness import effective
+    from harness.run import select_engines
+    from harness.scenario import load
+    from harness.transplant import transplant_run
+
+    loaded = load(scenario)
+    names = select_engines(loaded, [e.strip() for e in engines.split(",")] if engines else None)
+    rejected = effective.rejections(loaded, names)
+    outcome = _run_one(scenario, out, [loaded.spec.reference], None, case)
+    if outcome.interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
+    progress = EngineProgress()
+    progress.start([loaded.spec.reference], len(outcome.scenario.cases))
+    try:
+        result = transplant_run(outcome, loaded, names, rejected, progress.event)
+    finally:
+        progress.stop()
+    for verdict in result.verdicts:
+        console.print(f"{verdict.case_id} [{verdict.engine} vs {verdict.reference}]: {verdict.cause}", markup=False,
+                      highlight=False)
+        console.print(f"  {verdict.verdict}", markup=False, highlight=False)
+    console.print(f"transplant: {result.out_dir / 'verdicts.json'}", highlight=False)
+    if result.interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
+    raise typer.Exit(0 if all(v.cause == "agree" for v in result.verdicts) else 1)
 
 
 @app.command()

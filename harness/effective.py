@@ -43,15 +43,28 @@ def describe_differences(by_engine: dict[str, Effective], fields: list[str] | No
         values = []
         for name, e in by_engine.items():
             source = e.sources.get(field)
-            values.append(f"{name} {display(getattr(e, field))}"
+            value = getattr(e, field)
+            values.append(f"{name} {'n/a' if value is None else display(value)}"
                           + (f" ({source})" if source and source != "request" else ""))
         parts.append(f"{field}: {', '.join(values)}")
     return "; ".join(parts)
 
 
+def rejections(scenario: LoadedScenario, names: list[str]) -> dict[str, str]:
+    """engine -> why it would reject its params, from the ranges each sampling module declares (LIMITS) as its
+    engine's validation enforces them beyond the canonical ones."""
+    return {problem.split(" ", 1)[0].removeprefix("engines."): problem for problem in _problems(scenario, names)}
+
+
 def preflight(scenario: LoadedScenario, names: list[str]) -> None:
-    """Refuse, before any engine starts, params an engine's own validation rejects (each sampling module declares
-    the ranges its engine enforces beyond the canonical ones, as LIMITS)."""
+    """Refuse, before any engine starts, params an engine's own validation rejects."""
+    problems = _problems(scenario, names)
+    if problems:
+        raise ConfigError(f"{scenario.path}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1
+                                                                else "") + ": change the param or drop the engine")
+
+
+def _problems(scenario: LoadedScenario, names: list[str]) -> list[str]:
     problems = []
     for name in names:
         spec = scenario.spec.engines[name]
@@ -64,10 +77,7 @@ def preflight(scenario: LoadedScenario, names: list[str]) -> None:
                 if value is not None and not low <= value <= high:
                     problems.append(f"engines.{name} (case {case.case_id}): rejected by {spec.engine}: "
                                     + message.format(value=value))
-    if problems:
-        shown = sorted(set(problems))
-        raise ConfigError(f"{scenario.path}: {shown[0]}" + (f" (and {len(shown) - 1} more)" if len(shown) > 1 else "")
-                          + ": change the param or drop the engine")
+    return sorted(set(problems))
 
 
 def compute(scenario: LoadedScenario, names: list[str]) -> dict[str, dict[str, Effective]]:
@@ -115,3 +125,18 @@ def case_groups(scenario: LoadedScenario, names: list[str],
         key = repr([e.to_json() for e in by_engine.values()])
         groups.setdefault(key, ([], by_engine))[0].append(case.case_id)
     return list(groups.values())
+
+
+def run_differences(names: list[str], results: list) -> list[tuple[list[str], str]]:
+    """From a run's results: (cases, description) for each group of cases whose engines' effective params differ."""
+    by_case: dict[str, dict[str, Effective]] = {}
+    for result in results:
+        if result.effective.get("decoding"):
+            by_case.setdefault(result.case_id, {})[result.engine] = Effective.from_json(result.effective)
+    grouped: dict[str, list[str]] = {}
+    for case_id, by_engine in by_case.items():
+        ordered_engines = {n: by_engine[n] for n in names if n in by_engine}
+        text = describe_differences(ordered_engines) if len(ordered_engines) > 1 else ""
+        if text:
+            grouped.setdefault(text, []).append(case_id)
+    return [(cases, text) for text, cases in grouped.items()]

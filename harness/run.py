@@ -32,6 +32,7 @@ class RunOutcome:
     warnings: dict[str, list[str]]
     exit_code: int
     interrupted: bool
+    effective_differences: list[tuple[list[str], str]]
 
 
 def select_engines(scenario: LoadedScenario, only: list[str] | None, need_reference: bool = True) -> list[str]:
@@ -136,12 +137,14 @@ def execute(path: Path, out_root: Path, only: list[str] | None, parallel: int | 
     if not verdicts.empty:
         write_parquet(run_dir / "verdicts.parquet", verdicts)
     warnings = {n: sorted({w for r in ordered if r.engine == n for w in r.warnings}) for n in names}
-    exit_code = EXIT_INTERRUPTED if interrupted else EXIT_OK if bool(verdicts["expected"].all()) else EXIT_PARITY
+    all_expected = verdicts.empty or bool(verdicts["expected"].all())  # no verdicts: only the reference ran
+    exit_code = EXIT_INTERRUPTED if interrupted else EXIT_OK if all_expected else EXIT_PARITY
     meta.update(status="interrupted" if interrupted else "finished", wall_s=wall, exit_code=exit_code,
                 engines={p.name: engine_meta(p, outcomes[p.name]) for p in plans}, warnings=warnings,
+                effective_differences=effective.run_differences(names, ordered),
                 finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     write_json(run_dir / "run.json", meta)
     write_summary(run_dir / "summary.md", meta, verdicts)
-    return RunOutcome(scenario, run_dir, verdicts, warnings, exit_code, interrupted)
+    return RunOutcome(scenario, run_dir, verdicts, warnings, exit_code, interrupted, meta["effective_differences"])
 
 

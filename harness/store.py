@@ -54,6 +54,7 @@ def results_frame(results: list[Result], params: dict[tuple[str, str], str]) -> 
         "text": [r.text for r in results], "finish_reason": [r.finish_reason for r in results],
         "native_params": [json.dumps(r.native_params) for r in results],
         "warnings": [r.warnings for r in results], "timings": [json.dumps(r.timings) for r in results],
+        "effective": [json.dumps(r.effective) for r in results],
     })
 
 

@@ -60,6 +60,9 @@ def write_summary(path: Path, meta: dict, verdicts: pd.DataFrame) -> None:
     else:
         lines += ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
         lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in verdict_rows(verdicts)]
+    if meta.get("effective_differences"):
+        lines += ["", "## Effective params that differ (computed by each engine's own code)", ""]
+        lines += [f"- cases {', '.join(cases)}: {text}" for cases, text in meta["effective_differences"]]
     warned = {name: ws for name, ws in meta["warnings"].items() if ws}
     if warned:
         lines += ["", "## Engine warnings (params whose meaning differs or that were not applied)", ""]

@@ -96,6 +96,7 @@ class Result:
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     error: str = ""
+    effective: dict[str, Any] = field(default_factory=dict)  # Effective.to_json(), from the engine's own code
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,13 +118,14 @@ class TraceRequest:
     case_id: str
     token_ids: list[int]
     prompt_len: int
+    points: list[str] | None = None  # capture only these (e.g. ["logits"]); None: every point
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "TraceRequest":
-        return cls(data["case_id"], list(data["token_ids"]), int(data["prompt_len"]))
+        return cls(data["case_id"], list(data["token_ids"]), int(data["prompt_len"]), data.get("points"))
 
 
 @dataclass

@@ -10,7 +10,8 @@ import pandas as pd
 from harness.diff import apply_ties, compare, error_rows, noise_margin
 from harness.scenario import LoadedScenario
 from harness.semantics import explain_differences, param_differences
-from harness.types import Result
+from harness.effective import describe_differences, differing_fields
+from harness.types import Effective, Result
 
 Decode = Callable[[int], str]
 
@@ -53,6 +54,8 @@ def judge(scenario: LoadedScenario, results: dict[tuple[str, str], Result], deco
                      tie_margin)
             for i, (case, row) in enumerate(zip(scenario.cases, frame.itertuples()))]
         frames.append(frame)
+    if not frames:  # only the reference ran (parity transplant): nothing to compare
+        return pd.DataFrame(columns=COLUMNS)
     table = pd.concat(frames, ignore_index=True)
     return table.reindex(columns=COLUMNS)
 
@@ -64,6 +67,16 @@ def _expected(frame: pd.DataFrame, expectation) -> pd.Series:
     if expectation.max_logprob_delta is not None and "max_abs_logprob_delta" in frame:
         ok &= ~(frame["max_abs_logprob_delta"] > expectation.max_logprob_delta)
     return ok
+
+
+def effective_note(ref: Result, other: Result, already_given: set[str]) -> str:
+    """The effective params (each engine's own code) that differ between the two engines beyond the params they
+    were given differently, if both are known: generation_config.json defaults, clamps, greedy rewrites."""
+    if not ref.effective.get("decoding") or not other.effective.get("decoding"):
+        return ""
+    by_engine = {ref.engine: Effective.from_json(ref.effective), other.engine: Effective.from_json(other.effective)}
+    differences = describe_differences(by_engine, [f for f in differing_fields(by_engine) if f not in already_given])
+    return f"the engines' own code applies different effective params ({differences})" if differences else ""
 
 
 def _token(decode: Decode, token: int) -> str:
@@ -86,7 +99,11 @@ def _explain(row, ref: Result, other: Result, ref_params, other_params, decode: 
         text = (f"diverged at step {row.first_divergence}: reference chose {_token(decode, row.ref_token)} "
                 f"(top-2 margin {row.ref_top2_margin:.3g}), {other.engine} chose {_token(decode, row.engine_token)} "
                 f"({'in' if row.engine_token_in_ref_topk else 'not in'} the reference's top-k)")
-        cause = explain_differences(param_differences(ref_params, other_params))
+        given = param_differences(ref_params, other_params)
+        cause = explain_differences(given)
         if cause:
             text += f"; {cause}"
+        engine_side = effective_note(ref, other, set(given))
+        if engine_side:
+            text += f"; {engine_side}"
     return "; ".join([text] + notes)

@@ -31,6 +31,8 @@ class Worker:
     def __init__(self, protocol: IO[str]):
         self.protocol = protocol
         self.engine: Any = None
+        self.spec: dict[str, Any] = {}
+        self.effective_cache: dict[str, dict[str, Any]] = {}
 
     def serve(self, lines) -> int:
         try:
@@ -51,6 +53,7 @@ class Worker:
         from adapters.registry import engine_class
 
         started = time.perf_counter()
+        self.spec = message
         try:
             cls = engine_class(message["engine"])
             self.engine = cls(message["name"], Path(message["model_path"]), message["dtype"], message["options"],
@@ -70,8 +73,11 @@ class Worker:
         requests = [(TraceRequest if op == "trace" else Request).from_json(r) for r in raw_requests]
         done: set[str] = set()
         try:
+            params = {r.case_id: r.params for r in requests if op == "generate"}
             for result in getattr(self.engine, op)(requests):
                 done.add(result.case_id)
+                if result.case_id in params:
+                    result.effective = self.effective(params[result.case_id])
                 send(self.protocol, {"event": "result", "result": result.to_json()})
         except Exception as exc:  # a failing batch becomes per-case errors; the worker stays up
             traceback.print_exc()
@@ -79,6 +85,29 @@ class Worker:
                 if request.case_id not in done:
                     send(self.protocol, {"event": "case_error", "case_id": request.case_id, "error": _short(exc)})
         send(self.protocol, {"event": "batch_done"})
+
+
+    def effective(self, params: Any) -> dict[str, Any]:
+        """What the engine's own sampling code makes of these params (cached per distinct params)."""
+        key = params.model_dump_json()
+        if key not in self.effective_cache:
+            self.effective_cache[key] = compute_effective(self.spec, params)
+        return self.effective_cache[key]
+
+
+def compute_effective(spec: dict[str, Any], params: Any) -> dict[str, Any]:
+    import importlib
+
+    from adapters.registry import sampling_code
+
+    code = sampling_code(spec["engine"], spec["options"])
+    if code is None:
+        return {}
+    try:
+        module = importlib.import_module(code[0])
+        return module.effective(Path(spec["model_path"]), params, spec["dtype"], **code[1]).to_json()
+    except Exception as exc:  # informational: never fails a case
+        return {"notes": [f"effective params not computed: {_short(exc)}"]}
 
 
 def main() -> int:
