@@ -75,6 +75,10 @@ class Engine:
         return translate(params)
 
     def generate(self, requests: list[Request]) -> Iterator[Result]:
+        for request in requests:
+            if request.num_samples > 1:
+                yield self._samples(request)
+        requests = [r for r in requests if r.num_samples == 1]
         if not self.options.batched:
             for request in requests:
                 yield from self._generate_batch([request])
@@ -118,6 +122,33 @@ class Engine:
                          finish_reason=finish, chosen_logprobs=chosen, top_ids=top_ids, top_logprobs=top_values,
                          native_params=translation.native_params, warnings=translation.warnings,
                          timings={"generate_s": elapsed / len(batch), "batch_size": len(batch)})
+
+    def _samples(self, request: Request, chunk: int = 500) -> Result:
+        """num_samples independent draws, as generate() makes them for a batch of identical rows: the prompt's
+        KV cache is computed once and repeated for each chunk of rows (the rows would compute the same values)."""
+        import copy
+
+        torch = self.torch
+        translation = translate(request.params)
+        kwargs = {k: v for k, v in translation.native_params.items() if k not in ("torch_manual_seed", "stop_strings")}
+        prompt = torch.tensor([request.prompt_ids])
+        started = time.perf_counter()
+        with torch.inference_mode():
+            prefix = self.model(input_ids=prompt[:, :-1], use_cache=True).past_key_values
+            torch.manual_seed(translation.native_params.get("torch_manual_seed", 0))
+            samples: list[list[int]] = []
+            while len(samples) < request.num_samples:
+                rows = min(chunk, request.num_samples - len(samples))
+                cache = copy.deepcopy(prefix)
+                cache.batch_repeat_interleave(rows)
+                out = self.model.generate(input_ids=prompt.expand(rows, -1), past_key_values=cache,
+                                          attention_mask=torch.ones(rows, prompt.shape[1], dtype=torch.long),
+                                          pad_token_id=self.pad_id, **kwargs)
+                samples += out[:, prompt.shape[1]:].tolist()
+        return Result(case_id=request.case_id, engine=self.name, status="ok", prompt_ids=request.prompt_ids,
+                      token_ids=samples[0], samples=samples, native_params=translation.native_params,
+                      warnings=translation.warnings, finish_reason="length",
+                      timings={"generate_s": time.perf_counter() - started, "samples": len(samples)})
 
     def _trim(self, ids: list[int], params: SamplingParams) -> tuple[int, str]:
         """Generated length up to and including the first EOS (batched rows are padded after it)."""

@@ -64,7 +64,8 @@ def effective(model_path: Path, params: SamplingParams, dtype: str) -> Effective
         seed=native.get("torch_manual_seed"), logits_dtype="float32",
         processors=processor_names(model, config, [1]), sources=sources,
         notes=[f"{f}={json_config[f]} from the model's generation_config.json"
-               for f, s in sources.items() if s == "generation_config.json"])
+               for f, s in sources.items() if s == "generation_config.json"
+               and (sampling or f not in ("temperature", "top_k", "top_p", "min_p"))])
 
 
 def processors(model: Any, config: Any, prompt_ids: list[int]) -> Any:

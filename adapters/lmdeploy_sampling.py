@@ -36,8 +36,8 @@ def _engine_stand_in(model_path: Path) -> Any:
                            hf_gen_cfg=get_hf_gen_cfg(str(model_path)), session_len=8192)
 
 
-def generation_config(model_path: Path, params: SamplingParams, mode: str, defaults: str,
-                      prompt_ids: list[int]) -> tuple[Any, dict, dict]:
+def final_config(model_path: Path, params: SamplingParams, mode: str, defaults: str,
+                      prompt_ids: list[int], server_config: str = "auto") -> tuple[Any, dict, dict]:
     """(the engine's final GenerationConfig, what the adapter sent, the server's defaults). Raises ValueError
     with lmdeploy's message when lmdeploy refuses the params."""
     from lmdeploy.messages import GenerationConfig
@@ -59,7 +59,7 @@ def generation_config(model_path: Path, params: SamplingParams, mode: str, defau
         problem = check_request(request, context)
         if problem:
             raise ValueError(problem)
-        server_defaults = resolve_default_gen_config("auto", str(model_path), False)
+        server_defaults = resolve_default_gen_config(server_config, str(model_path), False)
         config = _checked(lambda: build_generation_config(request, server_defaults, max_new_tokens=request.max_tokens,
                                                           stop_words=request.stop, random_seed=request.seed), sent)
     return AsyncEngine._determine_gen_config(_engine_stand_in(model_path), prompt_ids, config), sent, server_defaults
@@ -82,19 +82,20 @@ def _checked(build, sent: dict[str, Any]) -> Any:
 
 
 def effective(model_path: Path, params: SamplingParams, dtype: str, mode: str = "pipeline",
-              defaults: str = "canonical") -> Effective:
+              defaults: str = "canonical", generation_config: str = "auto") -> Effective:
+    """generation_config: the server's --generation-config (auto: the model's generation_config.json)."""
     from lmdeploy.pytorch.messages import SamplingParam
 
     try:
-        config, sent, server_defaults = generation_config(model_path, params, mode, defaults, [1])
+        config, sent, server_defaults = final_config(model_path, params, mode, defaults, [1], generation_config)
     except ValueError as exc:
         return Effective.refused(f"lmdeploy {mode}", " ".join(str(exc).split()))
     engine = SamplingParam.from_gen_config(config)
     greedy = engine.top_k == 1
     sources = {f: REQUEST if sent.get(f) is not None else MODEL_JSON if f in server_defaults else DEFAULT
                for f in FIELDS}
-    notes = [f"{f}={server_defaults[f]} from the model's generation_config.json" for f in FIELDS
-             if sources[f] == MODEL_JSON]
+    notes = [f"{f}={server_defaults[f]} from the model's generation_config.json (server --generation-config "
+             f"{generation_config})" for f in FIELDS if sources[f] == MODEL_JSON]
     if mode == "pipeline" and not config.do_sample:
         notes.append("do_sample false: lmdeploy decodes greedily as top_k=1, temperature=1, repetition_penalty=1")
     if mode == "server":
@@ -122,7 +123,8 @@ def _use_torch_multinomial() -> None:
 
 
 def transplant(model_path: Path, params: SamplingParams, logits: Any, token_ids: list[int], prompt_len: int,
-               record: Any, mode: str = "pipeline", defaults: str = "canonical") -> None:
+               record: Any, mode: str = "pipeline", defaults: str = "canonical",
+               generation_config: str = "auto") -> None:
     import numpy as np
     import torch
     from lmdeploy.pytorch.engine.logits_process import (FusedLogitsProcessor, _filter_minp_sorted_,
@@ -131,7 +133,7 @@ def transplant(model_path: Path, params: SamplingParams, logits: Any, token_ids:
     from lmdeploy.pytorch.strategies.ar.sampling import ARSamplingStrategy
 
     _use_torch_multinomial()
-    config, _, _ = generation_config(model_path, params, mode, defaults, token_ids[:prompt_len])
+    config, _, _ = final_config(model_path, params, mode, defaults, token_ids[:prompt_len], generation_config)
     engine_params = SamplingParam.from_gen_config(config)
     strategy = ARSamplingStrategy(pad_token_id=0)
     for step in range(logits.shape[0]):

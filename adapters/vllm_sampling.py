@@ -37,7 +37,8 @@ def server_defaults(model_path: Path, generation_config: str) -> dict[str, Any]:
     return ModelConfig.get_diff_sampling_param(stand_in)
 
 
-def sampling_params(params: SamplingParams, mode: str, model_path: Path, generation_config: str) -> tuple[Any, dict]:
+def sampling_params(params: SamplingParams, mode: str, model_path: Path, generation_config: str,
+                    defaults: str = "canonical") -> tuple[Any, dict]:
     """(vllm.SamplingParams, what was sent): mode offline builds it from the adapter's kwargs, mode server from the
     request body the openai client sends, through vLLM's CompletionRequest.to_sampling_params."""
     from vllm import SamplingParams as VllmSamplingParams
@@ -47,15 +48,15 @@ def sampling_params(params: SamplingParams, mode: str, model_path: Path, generat
         return VllmSamplingParams(**native), native
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-    body = request_body(params, DIALECTS["vllm"], 5, "completions").native_params
+    body = request_body(params, DIALECTS["vllm"], 5, "completions", defaults).native_params
     request = CompletionRequest(model="model", prompt=[1], **body)
     return request.to_sampling_params(params.max_new_tokens, server_defaults(model_path, generation_config)), body
 
 
 def effective(model_path: Path, params: SamplingParams, dtype: str, mode: str = "offline",
-              generation_config: str = "vllm") -> Effective:
+              generation_config: str = "vllm", defaults: str = "canonical") -> Effective:
     try:
-        vllm_params, sent = sampling_params(params, mode, model_path, generation_config)
+        vllm_params, sent = sampling_params(params, mode, model_path, generation_config, defaults)
     except Exception as exc:  # vLLM's validation errors (VLLMValidationError, pydantic, ValueError)
         return Effective.refused("vllm", " ".join(str(exc).split())[:300])
     defaults = server_defaults(model_path, generation_config) if mode == "server" else {}
@@ -81,13 +82,13 @@ def effective(model_path: Path, params: SamplingParams, dtype: str, mode: str = 
 
 
 def transplant(model_path: Path, params: SamplingParams, logits: Any, token_ids: list[int], prompt_len: int,
-               record: Any, mode: str = "offline", generation_config: str = "vllm") -> None:
+               record: Any, mode: str = "offline", generation_config: str = "vllm", defaults: str = "canonical") -> None:
     import torch
     from vllm.v1.sample.ops.penalties import apply_all_penalties
     from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
     from vllm.v1.sample.sampler import Sampler
 
-    sp, _ = sampling_params(params, mode, model_path, generation_config)
+    sp, _ = sampling_params(params, mode, model_path, generation_config, defaults)
     greedy = sp.temperature < SAMPLING_EPS
     prompt = torch.tensor([token_ids[:prompt_len]])
     vocab = logits.shape[-1]

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -24,6 +24,9 @@ class Options(openai_engine.ClientOptions):
     kv_cache_gib: float = Field(1.0, gt=0)
     max_model_len: int | None = Field(None, ge=16)
     startup_timeout: float = Field(600, gt=0)
+    # vllm: no defaults from the model's generation_config.json (what offline vLLM does here); auto: vLLM's own
+    # server default, which takes temperature, top_p, repetition_penalty... from that file
+    generation_config: Literal["vllm", "auto"] = "vllm"
     extra_args: list[str] = Field(default_factory=list)  # more api_server command-line arguments
 
 
@@ -36,7 +39,8 @@ def launch(model_path: Path, dtype: str, workdir: Path, options: Options) -> tup
     env = {**os.environ, **prepare_env(workdir, env_options, sockets)}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_path),
            "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--seed", "0",
-           "--max-logprobs", "20", "--generation-config", "vllm", "--disable-uvicorn-access-log"]
+           "--max-logprobs", "20", "--generation-config", options.generation_config,
+           "--disable-uvicorn-access-log"]
     if options.enforce_eager:
         cmd.append("--enforce-eager")
     if options.max_model_len:

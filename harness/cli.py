@@ -60,6 +60,8 @@ def run(scenarios: ScenarioPaths,
         out: Annotated[Path, typer.Option(help="where run directories are written")] = Path("reports"),
         parallel: Annotated[Optional[int], typer.Option(help="engines run at once "
                                                              "(default: cores / threads per engine)")] = None,
+        allow_missing: Annotated[bool, typer.Option(help="skip engines that cannot run here (missing package, no "
+                                                         "CUDA) instead of exiting 3; the report lists them")] = False,
         ) -> None:
     """Run scenario(s) through their engines and print a verdict table per scenario."""
     from harness.scenario import load
@@ -67,7 +69,7 @@ def run(scenarios: ScenarioPaths,
     for path in scenarios:  # every file is validated before any engine starts
         load(path)
     only = [e.strip() for e in engines.split(",") if e.strip()] if engines else None
-    codes = [_run_one(path, out, only, parallel).exit_code for path in scenarios]
+    codes = [_run_one(path, out, only, parallel, None, allow_missing).exit_code for path in scenarios]
     raise typer.Exit(EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes else max(codes))
 
 
@@ -97,7 +99,7 @@ class EngineProgress:
 
 
 def _run_one(path: Path, out: Path, only: list[str] | None, parallel: int | None,
-             cases: list[str] | None = None):
+             cases: list[str] | None = None, allow_missing: bool = False):
     from harness.run import execute
     from harness.summary import rich_table
 
@@ -109,7 +111,7 @@ def _run_one(path: Path, out: Path, only: list[str] | None, parallel: int | None
         progress.start(names, len(scenario.cases))
 
     try:
-        outcome = execute(path, out, only, parallel, progress.event, on_start, cases)
+        outcome = execute(path, out, only, parallel, progress.event, on_start, cases, allow_missing)
     finally:
         progress.stop()
     if not outcome.verdicts.empty:
@@ -117,6 +119,8 @@ def _run_one(path: Path, out: Path, only: list[str] | None, parallel: int | None
     for name, warnings in outcome.warnings.items():
         for warning in warnings:
             console.print(f"[yellow]warning[/] {name}: {warning}", highlight=False)
+    for name, reason in outcome.skipped.items():
+        console.print(f"[yellow]skipped[/] {name}: {reason}", highlight=False)
     for cases, text in outcome.effective_differences:
         console.print(f"[yellow]effective params differ[/] ({', '.join(cases)}): {text}", highlight=False)
     state = "INTERRUPTED" if outcome.interrupted else "PASS" if outcome.exit_code == 0 else "FAIL"
@@ -210,7 +214,9 @@ def transplant(scenario: Annotated[Path, typer.Argument(help="scenario YAML file
 @app.command()
 @cli_errors
 def params(scenario: Annotated[Path, typer.Argument(help="scenario YAML file", show_default=False)],
-           engines: Annotated[Optional[str], typer.Option(help="comma-separated engine names")] = None) -> None:
+           engines: Annotated[Optional[str], typer.Option(help="comma-separated engine names")] = None,
+           all_rows: Annotated[bool, typer.Option("--all", help="every param, not only those that differ")] = False
+           ) -> None:
     """What each engine will really do with the scenario's params, computed by the engine's own code (config
     merges, generation_config.json defaults, clamps, greedy rewrites), side by side; differing rows marked."""
     from rich.table import Table
@@ -230,9 +236,12 @@ def params(scenario: Annotated[Path, typer.Argument(help="scenario YAML file", s
         for name in names:
             shown.add_column(f"{name} ({loaded.spec.engines[name].engine})", overflow="fold")
         shown.add_column("differs")
-        for field, values, differs in effective.table_rows(by_engine):
+        for field, values, differs in effective.table_rows(by_engine, all_rows):
             shown.add_row(field, *values, "[bold red]DIFFERS[/]" if differs else "")
         console.print(shown)
+        for name, e in by_engine.items():
+            for note in e.notes:
+                console.print(f"  {name}: {note}", highlight=False, markup=False)
         rejected |= any(e.rejected for e in by_engine.values())
     raise typer.Exit(2 if rejected else 0)
 

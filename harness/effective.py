@@ -24,8 +24,16 @@ def display(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+SAMPLING_ONLY = ("temperature", "top_k", "top_p", "min_p")  # no effect on an argmax
+
+
 def comparable(effective: Effective, field: str) -> str:
-    """A field's value for comparison: an engine without a penalty knob behaves as with its neutral value."""
+    """A field's value for comparison: an engine without a penalty knob behaves as with its neutral value, and
+    truncation and temperature do not matter to an engine that decodes greedily."""
+    if effective.decoding == "greedy" and field in SAMPLING_ONLY:
+        return "-"
+    if field == "repetition_scope" and effective.repetition_penalty in (None, 1.0):
+        return "-"  # no penalty: what it would count does not matter
     value = getattr(effective, field)
     return display(Effective.NEUTRAL.get(field) if value is None and field in Effective.NEUTRAL else value)
 
@@ -105,14 +113,16 @@ def compute(scenario: LoadedScenario, names: list[str]) -> dict[str, dict[str, E
         return dict(zip(names, pool.map(one, names)))
 
 
-def table_rows(by_engine: dict[str, Effective]) -> list[tuple[str, list[str], bool]]:
-    """(field, value per engine, differs) rows for display; rejected engines show their reason."""
+def table_rows(by_engine: dict[str, Effective], everything: bool) -> list[tuple[str, list[str], bool]]:
+    """(field, value per engine, differs) rows for display: the decoding mode and the differing fields (every field
+    when `everything`); rejected engines show their reason."""
     differ = set(differing_fields(by_engine))
+    fields = (*Effective.COMPARED, "processors") if everything else \
+        [f for f in Effective.COMPARED if f == "decoding" or f in differ]
     rows = [(f, [display(getattr(e, f)) if not e.rejected else "" for e in by_engine.values()], f in differ)
-            for f in (*Effective.COMPARED, "processors")]
+            for f in fields]
     if any(e.rejected for e in by_engine.values()):
         rows.append(("rejected", [e.rejected or "-" for e in by_engine.values()], True))
-    rows.append(("notes", ["; ".join(e.notes) or "-" for e in by_engine.values()], False))
     return rows
 
 

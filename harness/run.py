@@ -14,13 +14,14 @@ import pandas as pd
 
 from adapters import registry
 from harness import effective, models
-from harness.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARITY, ConfigError
+from harness.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARITY, ConfigError, EngineUnavailable
 from harness.prompts import load_tokenizer, tokenize_prompts
 from harness.runner import EnginePlan, EngineOutcome, run_engines
 from harness.scenario import LoadedScenario, load
 from harness.store import new_run_dir, results_frame, steps_frame, write_json, write_parquet
 from harness.summary import write_summary
-from harness.types import Request
+from harness.sampling_parity import judge_samples
+from harness.types import Request, SamplingParams
 from harness.verdicts import judge
 
 
@@ -33,6 +34,7 @@ class RunOutcome:
     exit_code: int
     interrupted: bool
     effective_differences: list[tuple[list[str], str]]
+    skipped: dict[str, str]  # engine -> why it could not run here (--allow-missing)
 
 
 def select_engines(scenario: LoadedScenario, only: list[str] | None, need_reference: bool = True) -> list[str]:
@@ -47,10 +49,18 @@ def select_engines(scenario: LoadedScenario, only: list[str] | None, need_refere
     return [n for n in names if n in only]
 
 
-def check_engines_available(scenario: LoadedScenario, names: list[str]) -> None:
+def unavailable_engines(scenario: LoadedScenario, names: list[str], allow_missing: bool) -> dict[str, str]:
+    """Engines that cannot run here, with why. Without allow_missing the first one stops the run (exit 3); with it
+    they are skipped and the report says so; the reference can never be skipped."""
+    missing = {}
     for name in names:
         spec = scenario.spec.engines[name]
-        registry.require_available(spec.engine, spec.python)
+        reason = registry.check_available(spec.engine, spec.python, spec.options)
+        if reason and (not allow_missing or name == scenario.spec.reference):
+            raise EngineUnavailable(reason + ("" if allow_missing else " (or pass --allow-missing to skip it)"))
+        if reason:
+            missing[name] = reason
+    return missing
 
 
 def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: list, op: str = "generate",
@@ -70,9 +80,16 @@ def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: li
 def plan_engines(scenario: LoadedScenario, names: list[str], run_dir: Path,
                  prompt_ids: dict[str, list[int]]) -> list[EnginePlan]:
     spec = scenario.spec
+    check = spec.sampling
     return [engine_plan(scenario, name, run_dir, [
-        Request(c.case_id, prompt_ids[c.prompt.id], c.engine_params[name], spec.top_logprobs, c.prompt.text,
-                c.prompt.messages) for c in scenario.cases]) for name in names]
+        Request(c.case_id, prompt_ids[c.prompt.id], _sample_params(c.engine_params[name], check), spec.top_logprobs,
+                c.prompt.text, c.prompt.messages, check.samples if check else 1) for c in scenario.cases])
+        for name in names]
+
+
+def _sample_params(params: SamplingParams, check) -> SamplingParams:
+    """For a sampling-parity run only the first `steps` tokens of each sample are drawn."""
+    return params.model_copy(update={"max_new_tokens": check.steps}) if check else params
 
 
 def machine_info() -> dict:
@@ -101,12 +118,14 @@ def select_cases(scenario: LoadedScenario, only: list[str] | None) -> None:
 
 def execute(path: Path, out_root: Path, only: list[str] | None, parallel: int | None,
             progress: Callable[[str, str], None], on_start: Callable[[LoadedScenario, list[str], Path], None],
-            cases: list[str] | None = None) -> RunOutcome:
+            cases: list[str] | None = None, allow_missing: bool = False) -> RunOutcome:
     scenario = load(path)
     select_cases(scenario, cases)
     names = select_engines(scenario, only)
     effective.preflight(scenario, names)
-    check_engines_available(scenario, names)
+    skipped = unavailable_engines(scenario, names, allow_missing)
+    names = [n for n in names if n not in skipped]
+    only = names if skipped else only
     ref_path = models.resolve(scenario.spec.model, scenario.spec.engine_dtype(scenario.spec.reference), str(path))
     prompts = {c.prompt.id: c.prompt for c in scenario.cases}
     tokenizer = load_tokenizer(ref_path)
@@ -116,7 +135,7 @@ def execute(path: Path, out_root: Path, only: list[str] | None, parallel: int | 
     meta = {"run_id": run_dir.name, "scenario": str(path), "scenario_name": scenario.name,
             "scenario_text": path.read_text(), "model": scenario.spec.model, "reference": scenario.spec.reference,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(),
-            "prompt_ids": prompt_ids, "status": "running"}
+            "prompt_ids": prompt_ids, "status": "running", "skipped": skipped}
     write_json(run_dir / "run.json", meta)
     on_start(scenario, names, run_dir)
 
@@ -128,7 +147,9 @@ def execute(path: Path, out_root: Path, only: list[str] | None, parallel: int | 
     if only:
         scenario.spec.engines = {n: scenario.spec.engines[n] for n in names}
     results = {(name, case_id): result for name, o in outcomes.items() for case_id, result in o.results.items()}
-    verdicts = pd.DataFrame() if interrupted and not results else judge(scenario, results, lambda t: tokenizer.decode([t]))
+    decode = lambda t: tokenizer.decode([t])  # noqa: E731
+    judged = judge_samples if scenario.spec.sampling else judge
+    verdicts = pd.DataFrame() if interrupted and not results else judged(scenario, results, decode)
     ordered = [results[(n, c.case_id)] for n in names for c in scenario.cases if (n, c.case_id) in results]
     params = {(n, c.case_id): c.engine_params[n].model_dump_json(exclude_none=True)
               for n in names for c in scenario.cases}
@@ -145,6 +166,7 @@ def execute(path: Path, out_root: Path, only: list[str] | None, parallel: int | 
                 finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     write_json(run_dir / "run.json", meta)
     write_summary(run_dir / "summary.md", meta, verdicts)
-    return RunOutcome(scenario, run_dir, verdicts, warnings, exit_code, interrupted, meta["effective_differences"])
+    return RunOutcome(scenario, run_dir, verdicts, warnings, exit_code, interrupted, meta["effective_differences"],
+                      skipped)
 
 

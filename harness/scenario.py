@@ -44,6 +44,17 @@ class ExplainSettings(Strict):
     k: float = Field(10.0, gt=1)
 
 
+class SamplingCheck(Strict):
+    """Sampling parity (do_sample true): each engine draws `samples` seeded samples of the first `steps` tokens per
+    case; the frequencies of each prefix length are compared with the reference's by a G-test (likelihood-ratio
+    chi-square), categories with an expected count under 5 pooled. A case fails when a p-value is under
+    alpha / steps (Bonferroni)."""
+
+    samples: int = Field(1000, ge=50)
+    steps: int = Field(1, ge=1, le=4)
+    alpha: float = Field(0.01, gt=0, lt=1)
+
+
 class EngineSpec(Strict):
     engine: str
     reference: bool = False
@@ -86,6 +97,7 @@ class Scenario(Strict):
     expect: Expectation = Field(default_factory=Expectation)
     timeouts: Timeouts = Field(default_factory=Timeouts)
     explain: ExplainSettings = Field(default_factory=ExplainSettings)
+    sampling: SamplingCheck | None = None
 
     @field_validator("engines")
     @classmethod

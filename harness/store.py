@@ -55,12 +55,13 @@ def results_frame(results: list[Result], params: dict[tuple[str, str], str]) -> 
         "native_params": [json.dumps(r.native_params) for r in results],
         "warnings": [r.warnings for r in results], "timings": [json.dumps(r.timings) for r in results],
         "effective": [json.dumps(r.effective) for r in results],
+        "samples": [r.samples for r in results],
     })
 
 
 def steps_frame(results: list[Result]) -> pd.DataFrame:
     """One row per generated token: the chosen id and logprob and the top-k alternatives."""
-    ok = [r for r in results if r.status == "ok"]
+    ok = [r for r in results if r.status == "ok" and not r.samples]  # samples carry no per-step logprobs
     lengths = [len(r.token_ids) for r in ok]
     return pd.DataFrame({
         "case_id": [r.case_id for r, n in zip(ok, lengths) for _ in range(n)],

@@ -54,6 +54,8 @@ def write_summary(path: Path, meta: dict, verdicts: pd.DataFrame) -> None:
         loads = ", ".join(f"{s:.1f}" for s in e["load_s"])
         lines.append(f"| {name} | {e['engine']} | {e['dtype']} | {e['threads']} | {versions} | {loads} | "
                      f"{e['restarts']} |")
+    for name, reason in meta.get("skipped", {}).items():
+        lines.append(f"| {name} | skipped: {reason} | | | | | |")
     lines += ["", "## Verdicts", ""]
     if verdicts.empty:
         lines.append("No verdicts: the run was interrupted before any case finished.")

@@ -58,15 +58,17 @@ class Request:
     top_logprobs: int = 5
     text: str | None = None
     messages: list[dict[str, str]] | None = None
+    num_samples: int = 1  # > 1: independent seeded samples of the first tokens (Result.samples), for sampling parity
 
     def to_json(self) -> dict[str, Any]:
         return {"case_id": self.case_id, "prompt_ids": self.prompt_ids, "params": self.params.model_dump(),
-                "top_logprobs": self.top_logprobs, "text": self.text, "messages": self.messages}
+                "top_logprobs": self.top_logprobs, "text": self.text, "messages": self.messages,
+                "num_samples": self.num_samples}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Request":
         return cls(data["case_id"], list(data["prompt_ids"]), SamplingParams(**data["params"]),
-                   int(data["top_logprobs"]), data.get("text"), data.get("messages"))
+                   int(data["top_logprobs"]), data.get("text"), data.get("messages"), int(data.get("num_samples", 1)))
 
 
 @dataclass
@@ -97,6 +99,7 @@ class Result:
     timings: dict[str, float] = field(default_factory=dict)
     error: str = ""
     effective: dict[str, Any] = field(default_factory=dict)  # Effective.to_json(), from the engine's own code
+    samples: list[list[int]] = field(default_factory=list)  # token ids of each sample (Request.num_samples > 1)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -178,7 +181,7 @@ class Effective:
 
     COMPARED = ("decoding", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "repetition_scope",
                 "frequency_penalty", "presence_penalty", "max_new_tokens", "min_new_tokens", "seed", "logits_dtype")
-    NEUTRAL = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}  # = no such knob
+    NEUTRAL = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "min_p": 0.0}  # = no knob
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
