@@ -32,8 +32,6 @@ def comparable(effective: Effective, field: str) -> str:
     truncation and temperature do not matter to an engine that decodes greedily."""
     if effective.decoding == "greedy" and field in SAMPLING_ONLY:
         return "-"
-    if field == "repetition_scope" and effective.repetition_penalty in (None, 1.0):
-        return "-"  # no penalty: what it would count does not matter
     value = getattr(effective, field)
     return display(Effective.NEUTRAL.get(field) if value is None and field in Effective.NEUTRAL else value)
 
@@ -41,7 +39,13 @@ def comparable(effective: Effective, field: str) -> str:
 def differing_fields(by_engine: dict[str, Effective]) -> list[str]:
     """The compared fields whose values are not the same for every engine that accepted the params."""
     accepted = [e for e in by_engine.values() if not e.rejected]
-    return [f for f in Effective.COMPARED if len({comparable(e, f) for e in accepted}) > 1]
+    penalised = [e for e in accepted if e.repetition_penalty not in (None, 1.0)]
+    differ = []
+    for f in Effective.COMPARED:
+        group = penalised if f == "repetition_scope" else accepted  # what a penalty counts matters where it applies
+        if len({comparable(e, f) for e in group}) > 1:
+            differ.append(f)
+    return differ
 
 
 def describe_differences(by_engine: dict[str, Effective], fields: list[str] | None = None) -> str:
@@ -61,15 +65,18 @@ def describe_differences(by_engine: dict[str, Effective], fields: list[str] | No
 def rejections(scenario: LoadedScenario, names: list[str]) -> dict[str, str]:
     """engine -> why it would reject its params, from the ranges each sampling module declares (LIMITS) as its
     engine's validation enforces them beyond the canonical ones."""
-    return {problem.split(" ", 1)[0].removeprefix("engines."): problem for problem in _problems(scenario, names)}
+    found: dict[str, str] = {}
+    for problem in _problems(scenario, names):  # the first case's reason per engine
+        found.setdefault(problem.split(" ", 1)[0].removeprefix("engines."), problem)
+    return found
 
 
 def preflight(scenario: LoadedScenario, names: list[str]) -> None:
     """Refuse, before any engine starts, params an engine's own validation rejects."""
-    problems = _problems(scenario, names)
-    if problems:
-        raise ConfigError(f"{scenario.path}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1
-                                                                else "") + ": change the param or drop the engine")
+    per_engine = rejections(scenario, names)
+    if per_engine:
+        raise ConfigError(f"{scenario.path}: nothing was run: {'; '.join(per_engine.values())}: change the param "
+                          "or drop the engine")
 
 
 def _problems(scenario: LoadedScenario, names: list[str]) -> list[str]:

@@ -97,18 +97,25 @@ def transplant_run(outcome: RunOutcome, scenario: LoadedScenario, names: list[st
     out_dir = run_dir / "transplant"
     cases = {c.case_id: c for c in scenario.cases}
     jobs = {}
+    pair_variants = {(name, r.case_id): variants({ref: cases[r.case_id].engine_params[ref],
+                                                  name: cases[r.case_id].engine_params[name]})
+                     for name in names if name != ref for r in requests}
     for name in names:
         engine = spec.engines[name]
         items = []
         for request in requests:
             if request.case_id not in logits:
                 continue
-            for variant, by_engine in variants({n: cases[request.case_id].engine_params[n] for n in names}).items():
+            # each engine is compared with the reference: its variants, and for the reference those of every pair
+            wanted: dict[str, SamplingParams] = {}
+            for (other, case_id), by_variant in pair_variants.items():
+                if case_id == request.case_id and name in (other, ref):
+                    wanted.update({v: by_engine[name] for v, by_engine in by_variant.items()})
+            for variant, params in wanted.items():
                 path = out_dir / name / f"{_safe(request.case_id)}@{_safe(variant)}.safetensors"
-                items.append({"case_id": request.case_id, "variant": variant,
-                              "params": by_engine[name].model_dump(), "token_ids": request.token_ids,
-                              "prompt_len": request.prompt_len, "logits_path": logits[request.case_id],
-                              "out_path": str(path)})
+                items.append({"case_id": request.case_id, "variant": variant, "params": params.model_dump(),
+                              "token_ids": request.token_ids, "prompt_len": request.prompt_len,
+                              "logits_path": logits[request.case_id], "out_path": str(path)})
             (out_dir / name).mkdir(parents=True, exist_ok=True)
         dtype = spec.engine_dtype(name)
         jobs[name] = SamplingJob("transplant", engine.engine, engine.options,
@@ -191,9 +198,9 @@ def judge(ref: str, names: list[str], requests: list[TraceRequest], answers: dic
                     "logits, not their sampling"), **base))
                 continue
             named = []
-            for variant, ref_variant in ref_answer.items():
-                other = answers[name].get(variant)
-                if variant[0] != case_id or variant[1] == AS_GIVEN or not other or "error" in other \
+            for variant, other in answers[name].items():
+                ref_variant = ref_answer.get(variant)
+                if variant[0] != case_id or variant[1] == AS_GIVEN or not ref_variant or "error" in other \
                         or "error" in ref_variant:
                     continue
                 ablated = _compare(ref_variant, other)

@@ -22,7 +22,9 @@ def bf16(tmp_path_factory) -> ParityRun:
 
 @pytest.fixture(scope="module")
 def penalties(tmp_path_factory) -> ParityRun:
-    return parity("run", str(SCENARIOS / "penalty-semantics.yaml"), out=tmp_path_factory.mktemp("penalties"))
+    # lmdeploy needs CUDA: skipped here, and the report says so
+    return parity("run", str(SCENARIOS / "penalty-semantics.yaml"), "--allow-missing",
+                  out=tmp_path_factory.mktemp("penalties"))
 
 
 def test_quickstart_fp32_greedy_matches_token_for_token(quickstart: ParityRun) -> None:
@@ -72,3 +74,8 @@ def test_penalty_semantics_names_the_difference(penalties: ParityRun) -> None:
         assert "frequency_penalty: unset vs 1.2" in text and "repetition_penalty: 1.2 vs unset" in text
         assert "different semantics" in text
     assert "different semantics" in penalties.stdout and "FAIL: penalty-semantics (exit 1)" in penalties.stdout
+    presence = verdicts.loc["vllm-presence"]
+    assert set(presence.verdict) == {"diverged"}
+    assert all("presence_penalty: unset vs 1.2" in text for text in presence.explanation)
+    assert "lmdeploy" not in set(penalties.verdicts.engine)
+    assert "skipped: engine lmdeploy needs a CUDA GPU" in (penalties.run_dir / "summary.md").read_text()
