@@ -21,6 +21,7 @@ from adapters.server_process import ServerProcess, free_port
 class Options(openai_engine.ClientOptions):
     url: str | None = None  # attach to a running server instead of starting one (never stopped by the harness)
     allow_remote: bool = False
+    api_key_env: str | None = None  # attached server: name of the env var holding its API key
     session_len: int = Field(4096, ge=64)
     cache_max_entry_count: float = Field(0.2, gt=0, lt=1)
     eager_mode: bool = True
@@ -62,7 +63,8 @@ class Engine(openai_engine.Engine):
             self.startup_s = time.monotonic() - started
             base = f"http://127.0.0.1:{port}/v1"
         alive = self.server.gone if self.server else (lambda: None)
-        self.connect(model_path, base, DIALECTS["lmdeploy"], self.options, {}, alive)
+        self.connect(model_path, base, DIALECTS["lmdeploy"], self.options, openai_engine.auth_headers(
+            self.options.api_key_env), alive)
 
     def versions(self) -> dict[str, str]:
         info = super().versions()

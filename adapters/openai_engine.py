@@ -64,18 +64,23 @@ def api_base(url: str) -> str:
     return url if url.endswith("/v1") else f"{url}/v1"
 
 
+def auth_headers(api_key_env: str | None) -> dict[str, str]:
+    """The Authorization header for a server that wants an API key, read from the env var the scenario names."""
+    if not api_key_env:
+        return {}
+    key = os.environ.get(api_key_env)
+    if not key:
+        raise RuntimeError(f"env var {api_key_env} (api_key_env) is not set")
+    return {"Authorization": f"Bearer {key}"}
+
+
 class Engine:
     """Talks to a running server. Subclasses (vllm-server) start the server first, then call connect()."""
 
     def __init__(self, name: str, model_path: Path, dtype: str, options: dict[str, Any], workdir: Path):
         self.name, self.options = name, Options(**options)
-        headers = {}
-        if self.options.api_key_env:
-            key = os.environ.get(self.options.api_key_env)
-            if not key:
-                raise RuntimeError(f"env var {self.options.api_key_env} (api_key_env) is not set")
-            headers["Authorization"] = f"Bearer {key}"
-        self.connect(model_path, api_base(self.options.url), DIALECTS[self.options.dialect], self.options, headers)
+        self.connect(model_path, api_base(self.options.url), DIALECTS[self.options.dialect], self.options,
+                     auth_headers(self.options.api_key_env))
 
     def connect(self, model_path: Path, base_url: str, dialect: Dialect, options: ClientOptions,
                 headers: dict[str, str], server_alive: Callable[[], str | None] = lambda: None) -> None:

@@ -333,6 +333,43 @@ def list_engines() -> None:
     console.print(table)
 
 
+env_app = typer.Typer(no_args_is_help=True, help="Engine environments (own venvs for conflicting engines).")
+app.add_typer(env_app, name="env")
+
+
+@env_app.command("create")
+@cli_errors
+def env_create(name: Annotated[str, typer.Argument(help="environment name (see `parity env list`)")],
+               python: Annotated[Optional[str], typer.Option(help="base interpreter (default: this one)")] = None,
+               dry_run: Annotated[bool, typer.Option(help="only let pip resolve the pinned requirements and list "
+                                                          "what it would install")] = False) -> None:
+    """Build .venvs/NAME from the requirements pinned in pyproject.toml; scenarios then name its interpreter."""
+    import json
+
+    from harness import envs
+
+    with console.status(f"{'resolving' if dry_run else 'building'} environment {name}"):
+        path, report = envs.create(name, python, dry_run)
+    if dry_run:
+        installs = json.loads(report).get("install", [])
+        packages = sorted(f"{i['metadata']['name']}=={i['metadata']['version']}" for i in installs)
+        console.print(f"{name}: pip would install {len(packages)} packages: {', '.join(packages)}", highlight=False)
+        return
+    console.print(f"{name}: ready; in a scenario: python: {path}", highlight=False)
+
+
+@env_app.command("list")
+@cli_errors
+def env_list() -> None:
+    """Declared engine environments and whether they are built."""
+    from harness import envs
+
+    for name, spec in envs.declared().items():
+        built = envs.interpreter(name).exists()
+        console.print(f"{name}: {spec.get('description', '')}; {'built at ' + str(envs.interpreter(name)) if built else 'not built'}",
+                      highlight=False)
+
+
 @models_app.command("prepare")
 @cli_errors
 def models_prepare(names: Annotated[Optional[list[str]], typer.Argument(help="models to prepare (default all)")] = None,

@@ -48,6 +48,8 @@ engines:
   generic: {{engine: openai, options: {{url: "{url}", dialect: generic, api_key_env: {key}}}, expect: {{tokens: any}}}}
   as-lmdeploy: {{engine: openai, options: {{url: "{url}", dialect: lmdeploy, api_key_env: {key}}},
                  params: {{frequency_penalty: 0.5}}, expect: {{tokens: any}}}}
+  lmdeploy-attached: {{engine: lmdeploy-server, options: {{url: "{url}", api_key_env: {key}}},
+                       params: {{repetition_penalty: 1.1}}, expect: {{tokens: any}}}}
   too-long: {{engine: openai, options: {{url: "{url}", dialect: vllm, api_key_env: {key}}},
               params: {{max_new_tokens: 100000}}, expect: {{tokens: any}}}}
 prompts:
@@ -108,6 +110,20 @@ def test_ignored_param_warns_and_is_not_sent(attached: ParityRun) -> None:
     assert any("frequency_penalty=0.5 NOT APPLIED: the lmdeploy server accepts and ignores it" in w
                for w in row.warnings)
     assert "frequency_penalty=0.5 NOT APPLIED" in attached.stdout
+
+
+def test_lmdeploy_server_engine_speaks_the_lmdeploy_dialect_over_http(attached: ParityRun) -> None:
+    """The lmdeploy-server adapter attached by url (no CUDA needed for that) to a real OpenAI-compatible server:
+    text prompts, token ids mapped back, and the effective params computed by lmdeploy's own server code."""
+    results = attached.results.set_index(["engine", "case_id"])
+    row = results.loc[("lmdeploy-attached", "capital")]
+    assert row.status == "ok" and len(row.token_ids) > 0
+    body = json.loads(row.native_params)
+    assert body["repetition_penalty"] == 1.1 and "return_token_ids" not in body and body["temperature"] == 0.0
+    assert any("token ids inferred from token text" in w for w in row.warnings)
+    effective = json.loads(row.effective)
+    assert effective["repetition_scope"] == "generated only" and effective["top_k"] == 1  # temperature 0 -> top_k 1
+    assert "the server always samples (do_sample true); temperature 0 becomes top_k=1" in effective["notes"]
 
 
 def test_4xx_is_reported_with_the_servers_message_without_retry(attached: ParityRun) -> None:
