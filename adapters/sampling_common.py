@@ -4,7 +4,6 @@ operation, failures of the engine's own sampling op)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ class Recorder:
         if bool(finite.all()):
             return
         values = tensor[~finite]
-        pos_inf, neg_inf = int((values == float("inf")).sum()), int((values == float("-inf")).sum())
+        pos_inf = int((values == float("inf")).sum())
         nan = int(torch.isnan(values).sum())
         if nan == 0 and pos_inf == 0:
             return  # -inf is how samplers mask tokens out: not a hazard
@@ -65,7 +64,3 @@ class Recorder:
             save_file({"scores": torch.stack(self.scores)}, str(path))
         return {"path": str(path) if self.scores else "", "steps": len(self.scores), "sampling": self.sampling,
                 "hazards": list(self.hazards.values())}
-
-
-def dump(data: Any) -> str:
-    return json.dumps(data, default=str)

@@ -21,7 +21,6 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from adapters.registry import sampling_code
 from harness import models
 from harness.errors import ConfigError
 from harness.run import RunOutcome, engine_plan

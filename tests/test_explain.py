@@ -13,27 +13,6 @@ from conftest import SCENARIOS, ParityRun, parity, write_scenario
 
 pytestmark = pytest.mark.engines
 
-PATCHES = """\
-def perturb_v_layer7(model):
-    model.model.layers[7].self_attn.v_proj.register_forward_hook(lambda m, a, out: out * 1.01)
-
-
-def perturb_mlp_layer26(model):
-    model.model.layers[26].mlp.register_forward_hook(lambda m, a, out: out * 1.02)
-"""
-
-PLANTED = """\
-name: planted
-model: smollm2-135m
-engines:
-  hf: {engine: hf, reference: true}
-  v-fault: {engine: hf, options: {patch: "planted_faults:perturb_v_layer7"}}
-  mlp-fault: {engine: hf, options: {patch: "planted_faults:perturb_mlp_layer26"}}
-prompts:
-  - {id: story, text: "Once upon a time, in a small village by the sea,"}
-params: {max_new_tokens: 16}
-"""
-
 ATTENTION_SWAP = """\
 name: attention-swap
 model: smollm2-135m
@@ -65,13 +44,12 @@ def localisations(run: ParityRun) -> dict[tuple[str, str], dict]:
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory) -> ParityRun:
-    tmp = tmp_path_factory.mktemp("planted")
-    (tmp / "planted_faults.py").write_text(PATCHES)  # found through the scenario's folder
-    return parity("explain", str(write_scenario(tmp / "planted.yaml", PLANTED)), out=tmp / "reports")
+    # the patches live next to the scenario (scenarios/planted_faults.py), found through its folder
+    return parity("explain", str(SCENARIOS / "planted-fault.yaml"), out=tmp_path_factory.mktemp("planted"))
 
 
 def test_planted_v_projection_fault_is_named_by_layer_and_component(planted: ParityRun) -> None:
-    assert planted.code in (0, 1), planted.stderr[-2000:]
+    assert planted.code == 0, planted.stderr[-2000:]
     loc = localisations(planted)[("story", "v-fault")]
     assert loc["cause"] == "component"
     assert loc["out_of_floor"]["point"] == "layers.7.v"
