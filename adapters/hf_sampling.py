@@ -58,7 +58,7 @@ def effective(model_path: Path, params: SamplingParams, dtype: str) -> Effective
         temperature=config.temperature if sampling else None, top_k=config.top_k if sampling else None,
         top_p=config.top_p if sampling else None, min_p=config.min_p if sampling else None,
         repetition_penalty=config.repetition_penalty,
-        repetition_scope="prompt + output",
+        repetition_scope="prompt and output tokens",
         frequency_penalty=None, presence_penalty=None,
         max_new_tokens=config.max_new_tokens, min_new_tokens=config.min_new_tokens or 0,
         seed=native.get("torch_manual_seed"), logits_dtype="float32",

@@ -107,7 +107,7 @@ def effective(model_path: Path, params: SamplingParams, dtype: str, mode: str = 
     return Effective(
         decoding="greedy" if greedy else "sampling", temperature=engine.temperature, top_k=engine.top_k,
         top_p=engine.top_p, min_p=engine.min_p, repetition_penalty=engine.repetition_penalty,
-        repetition_scope="generated only",
+        repetition_scope="generated tokens only",
         frequency_penalty=None, presence_penalty=None, max_new_tokens=config.max_new_tokens,
         min_new_tokens=config.min_new_tokens or 0, seed=config.random_seed if params.seed is not None else None,
         logits_dtype=dtype, processors=steps, sources=sources,

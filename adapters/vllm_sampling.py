@@ -75,7 +75,7 @@ def effective(model_path: Path, params: SamplingParams, dtype: str, mode: str = 
         temperature=None if greedy else vllm_params.temperature, top_k=None if greedy else vllm_params.top_k,
         top_p=None if greedy else vllm_params.top_p, min_p=None if greedy else vllm_params.min_p,
         repetition_penalty=vllm_params.repetition_penalty,
-        repetition_scope="prompt + output",
+        repetition_scope="prompt and output tokens",
         frequency_penalty=vllm_params.frequency_penalty, presence_penalty=vllm_params.presence_penalty,
         max_new_tokens=vllm_params.max_tokens, min_new_tokens=vllm_params.min_tokens, seed=vllm_params.seed,
         logits_dtype="float32", processors=steps, sources=sources, notes=notes)

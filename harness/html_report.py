@@ -41,7 +41,7 @@ def _e(value) -> str:
 
 
 def svg_plot(series: dict[str, tuple[list[int], list[float]]], title: str, width: int = 560,
-             height: int = 200) -> str:
+             height: int = 200, xlabel: str = "step") -> str:
     """A log-scale line plot of y >= 0 values as inline SVG (zeros drawn at the floor)."""
     colours = ["#0969da", "#cf222e", "#1a7f37", "#8250df", "#9a6700"]
     points = [(x, y) for xs, ys in series.values() for x, y in zip(xs, ys) if y == y]
@@ -67,7 +67,7 @@ def svg_plot(series: dict[str, tuple[list[int], list[float]]], title: str, width
         y = sy(10.0 ** exp)
         parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
                      f'<text x="4" y="{y + 4:.1f}" font-size="10">1e{exp}</text>')
-    parts.append(f'<text x="{width - 60}" y="{height - 6}" font-size="10">step (0..{x_max})</text>')
+    parts.append(f'<text x="{width - 60}" y="{height - 6}" font-size="10">{_e(xlabel)} (0..{x_max})</text>')
     for i, (name, (xs, ys)) in enumerate(series.items()):
         colour = colours[i % len(colours)]
         path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(xs, ys) if y == y)
@@ -163,6 +163,58 @@ def _params_table(results: pd.DataFrame) -> str:
     return "\n".join(rows) + "</table>"
 
 
+def _effective_table(results: pd.DataFrame) -> str:
+    """What each engine's own code makes of the first case's params, differing rows marked."""
+    from harness.effective import differing_fields, display
+    from harness.types import Effective
+
+    first = results.drop_duplicates("engine")
+    by_engine = {r.engine: Effective.from_json(json.loads(r.effective or "{}"))
+                 for r in first.itertuples() if json.loads(r.effective or "{}").get("decoding")}
+    if not by_engine:
+        return "<p>No effective params recorded.</p>"
+    differ = set(differing_fields(by_engine))
+    rows = ["<table id='effective'><tr><th>param</th>" + "".join(f"<th>{_e(e)}</th>" for e in by_engine) + "</tr>"]
+    for field in (*Effective.COMPARED, "processors"):
+        rows.append(f"<tr class='{'differs' if field in differ else ''}'><td>{_e(field)}</td>"
+                    + "".join(f"<td>{_e(display(getattr(e, field)))}</td>" for e in by_engine.values()) + "</tr>")
+    notes = "".join(f"<li>{_e(name)}: {_e(note)}</li>" for name, e in by_engine.items() for note in e.notes)
+    return "\n".join(rows) + "</table>" + (f"<ul>{notes}</ul>" if notes else "")
+
+
+def _explain_section(run_dir: Path) -> str:
+    """parity explain's localisations, each with the residual-stream error curve against the noise floor."""
+    path = run_dir / "explain" / "localisation.json"
+    if not path.exists():
+        return ""
+    data = json.loads(path.read_text())
+    out = [f"<h2 id='explain'>Explain</h2><p>Noise floor: {_e(data['floor'])}; a capture point leaves it when its "
+           f"relative error exceeds {data['k']:g} x the floor. Per point: <code>explain/points.parquet</code>; per "
+           "point and position: <code>explain/errors.parquet</code>.</p>"]
+    for loc in data["localisations"]:
+        out.append(f"<div class='case'><h3>{_e(loc['case_id'])}: {_e(loc['engine'])} vs {_e(loc['reference'])}: "
+                   f"{_e(loc['cause'])}</h3><p>{_e(loc['verdict'])}</p>")
+        curve = loc.get("curve") or []
+        if curve:
+            layers = [c["layer"] for c in curve]
+            out.append(svg_plot({"error": (layers, [c["error"] for c in curve]),
+                                 "noise floor": (layers, [c["floor"] for c in curve])},
+                                "residual stream after each layer: relative error (worst position)", xlabel="layer"))
+        out.append("</div>")
+    return "".join(out)
+
+
+def _transplant_section(run_dir: Path) -> str:
+    path = run_dir / "transplant" / "verdicts.json"
+    if not path.exists():
+        return ""
+    rows = ["<h2 id='transplant'>Sampler transplant</h2><table><tr><th>case</th><th>engine</th><th>cause</th>"
+            "<th>verdict</th></tr>"]
+    rows += [f"<tr><td>{_e(v['case_id'])}</td><td>{_e(v['engine'])}</td><td>{_e(v['cause'])}</td>"
+             f"<td>{_e(v['verdict'])}</td></tr>" for v in json.loads(path.read_text())]
+    return "\n".join(rows) + "</table>"
+
+
 def build(run_dir: Path) -> str:
     meta = json.loads((run_dir / "run.json").read_text())
     results = pd.read_parquet(run_dir / "results.parquet")
@@ -177,8 +229,10 @@ def build(run_dir: Path) -> str:
     body.append(_verdict_table(verdicts) if not verdicts.empty else "<p>No verdicts (interrupted run).</p>")
     body.append("<h2>Cases</h2>")
     body += [_case_section(i, v, results, steps, reference, decode) for i, v in enumerate(verdicts.itertuples())]
+    body += [_explain_section(run_dir), _transplant_section(run_dir)]
     body += ["<h2>Params</h2><p>Rows where the engines were given different canonical params are marked.</p>",
-             _params_table(results), "<h2>Engines and machine</h2><table id='engines'><tr><th>engine</th>"
+             _params_table(results), "<h3>Effective params (each engine's own code, first case)</h3>",
+             _effective_table(results), "<h2>Engines and machine</h2><table id='engines'><tr><th>engine</th>"
              "<th>type</th><th>dtype</th><th>threads</th><th>versions</th><th>load s</th><th>warnings</th></tr>"]
     for name, e in meta["engines"].items():
         versions = ", ".join(f"{k} {v}" for k, v in e["versions"].items())

@@ -229,8 +229,7 @@ def sampler_text(metrics: pd.DataFrame, first: int, named: list[str], ref_item: 
         if param == "repetition_penalty" and ref_value == value and \
                 ref_effective.get("repetition_scope") != effective.get("repetition_scope"):
             notes.append(f"repetition_penalty {value} means different things: {ref} counts "
-                         f"{ref_effective.get('repetition_scope')} tokens, {name} counts "
-                         f"{effective.get('repetition_scope')} tokens")
+                         f"{ref_effective.get('repetition_scope')}, {name} counts {effective.get('repetition_scope')}")
         else:
             notes.append(f"{param}: {ref} applies {_value(ref_value)}, {name} {_value(value)}"
                          + (f" ({MEANING[param]})" if param in MEANING else ""))

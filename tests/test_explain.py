@@ -82,6 +82,10 @@ def test_explain_leaves_traces_and_error_tables(planted: ParityRun) -> None:
         assert (planted.run_dir / "engines" / engine / "traces" / "story.safetensors").exists()
     summary = (explain_dir / "summary.md").read_text()
     assert "layers.7.v" in summary and "Residual stream after each layer" in summary
+    report = parity("report", str(planted.run_dir))
+    html = (planted.run_dir / "report.html").read_text()
+    assert report.code == 0 and "id='explain'" in html and "layer 7 v leaves the noise floor first" in html
+    assert "residual stream after each layer" in html and "id='effective'" in html
 
 
 @pytest.fixture(scope="module")

@@ -86,7 +86,7 @@ def test_transplant_names_the_penalty_whose_semantics_differ(penalty_transplant:
     assert presence["cause"] == "sampler" and "presence_penalty" in presence["params"]
     lmdeploy = verdicts[("list", "lmdeploy")]  # lmdeploy's own FusedLogitsProcessor, on CPU
     assert lmdeploy["cause"] == "sampler" and lmdeploy["params"] == ["repetition_penalty"]
-    assert "hf counts prompt + output tokens, lmdeploy counts generated only tokens" in lmdeploy["verdict"]
+    assert "hf counts prompt and output tokens, lmdeploy counts generated tokens only" in lmdeploy["verdict"]
 
 
 def test_transplant_reproduces_the_fp16_temperature_overflow(tmp_path: Path) -> None:

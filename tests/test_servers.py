@@ -122,7 +122,7 @@ def test_lmdeploy_server_engine_speaks_the_lmdeploy_dialect_over_http(attached: 
     assert body["repetition_penalty"] == 1.1 and "return_token_ids" not in body and body["temperature"] == 0.0
     assert any("token ids inferred from token text" in w for w in row.warnings)
     effective = json.loads(row.effective)
-    assert effective["repetition_scope"] == "generated only" and effective["top_k"] == 1  # temperature 0 -> top_k 1
+    assert effective["repetition_scope"] == "generated tokens only" and effective["top_k"] == 1  # temperature 0 -> top_k 1
     assert "the server always samples (do_sample true); temperature 0 becomes top_k=1" in effective["notes"]
 
 
