@@ -10,6 +10,7 @@ import importlib
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,9 +73,9 @@ CUDA_PROBE = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)
 
 def _probe(python: str | None, code: str) -> bool | str:
     """Run code in the interpreter; True if it exits 0, False if not, a reason string if it cannot run."""
-    try:
-        return subprocess.run([python or sys.executable, "-c", code], capture_output=True,
-                              timeout=120).returncode == 0
+    try:  # a relative interpreter path (.venvs/NAME/bin/python) is relative to the project, as for workers
+        return subprocess.run([python or sys.executable, "-c", code], capture_output=True, timeout=120,
+                              cwd=Path(__file__).resolve().parent.parent).returncode == 0
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"interpreter {python} cannot run ({exc})"
 
