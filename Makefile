@@ -9,7 +9,7 @@ quickstart: env
 	parity models prepare
 	parity run scenarios/quickstart.yaml
 
-## Test suite (real engines, servers, model and browser; about 20 minutes on 2 cores).
+## Test suite (real engines, servers, model and browser; about 30 minutes on 2 cores).
 test: env
 	scripts/ensure_chromium.sh
 	parity models prepare
