@@ -86,7 +86,6 @@ class Worker:
                     send(self.protocol, {"event": "case_error", "case_id": request.case_id, "error": _short(exc)})
         send(self.protocol, {"event": "batch_done"})
 
-
     def effective(self, params: Any) -> dict[str, Any]:
         """What the engine's own sampling code makes of these params (cached per distinct params)."""
         key = params.model_dump_json()
