@@ -1,19 +1,27 @@
-# The two commands of the README. Both create .venv on first use (scripts/bootstrap.sh).
+# The two commands of the README, plus the fast tier. Each creates .venv on first use (scripts/bootstrap.sh).
 VENV ?= .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: quickstart test env
+.PHONY: quickstart test test-fast lint env
 
 ## Main job: environment, bundled model, then HF vs vLLM on scenarios/quickstart.yaml with a verdict table.
 quickstart: env
 	parity models prepare
 	parity run scenarios/quickstart.yaml
 
-## Test suite (real engines, servers, model and browser; about 30 minutes on 2 cores).
+## Test suite: the fast tier, then real engines, servers, model and browser (see README for its duration).
 test: env
 	scripts/ensure_chromium.sh
 	parity models prepare
+	ruff check .
 	python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+## Fast tier: pure logic (verdict rules, noise floor, localisation, tables, validation, rendering), no engine loads.
+test-fast: env
+	python -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+
+lint: env
+	ruff check .
 
 env:
 	LLM_PARITY_VENV=$(VENV) scripts/bootstrap.sh

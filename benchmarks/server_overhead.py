@@ -20,9 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from adapters.vllm_server import Options, launch  # noqa: E402
+from adapters.engines.vllm_server import Options, launch  # noqa: E402
 from harness import models  # noqa: E402
-from harness.prompts import load_tokenizer  # noqa: E402
+from harness.scenario.prompts import load_tokenizer  # noqa: E402
 
 SCENARIO = """\
 name: server-overhead
@@ -94,7 +94,7 @@ def main() -> None:
                       flush=True)
         finally:
             server.stop()
-    b, p = (min(col) for col in zip(*rows))
+    b, p = (min(col) for col in zip(*rows, strict=False))
     print(f"requests: 2 engines x {args.prompts} prompts x {args.tokens} tokens, 4 concurrent")
     print(f"ratio parity/bare (best of {args.repeats}): {p / b:.3f}  (target <= 1.15)")
 

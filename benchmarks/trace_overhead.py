@@ -1,8 +1,9 @@
 """Cost of tracing, measured side by side in one run (this machine is shared and noisy: compare within a run).
 
 1. Per engine (HF, vLLM), in one fresh process each with the model loaded once and warmed up (vLLM compiles its
-   CPU kernels on the first generate): an untraced generation of a case (prompt + generated tokens = --positions) vs the traced teacher-forced pass over the same token sequence, which
-   captures 30 layers x 13 points + embeddings, final norm and logits and streams them to disk. Target <= 1.5x.
+   CPU kernels on the first generate): an untraced generation of a case (prompt + generated tokens = --positions)
+   vs the traced teacher-forced pass over the same token sequence, which captures 30 layers x 13 points +
+   embeddings, final norm and logits and streams them to disk. Target <= 1.5x.
 2. Peak RSS of an HF worker that generates and then traces the case vs one that only generates (separate
    processes, ru_maxrss). Target: within 300 MB.
 3. `parity explain` of a one-case HF-vs-vLLM scenario vs `parity run` of it, wall time of the whole command
@@ -25,8 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness import models  # noqa: E402
-from harness.prompts import load_tokenizer  # noqa: E402
-from harness.worker_handle import worker_env  # noqa: E402
+from harness.run.worker_process import worker_env  # noqa: E402
+from harness.scenario.prompts import load_tokenizer  # noqa: E402
 
 PROMPT = "Once upon a time, in a small village by the sea,"
 
@@ -35,21 +36,25 @@ CHILD = """
 import json, resource, sys, time
 from pathlib import Path
 if __name__ == "__main__":
-    from adapters.registry import engine_class
-    from harness.prompts import load_tokenizer
-    from harness.types import Request, SamplingParams, TraceRequest
+    from adapters.registry import describe
+    from harness.scenario.prompts import load_tokenizer
+    from harness.scenario.vocabulary import SamplingParams
+    from harness.types import EngineSetup, Request, TraceRequest
     engine_name, model_path, positions, trace, workdir = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), \\
         sys.argv[4] == "trace", Path(sys.argv[5])
     prompt = load_tokenizer(model_path).encode(sys.argv[6])
-    engine = engine_class(engine_name)(engine_name, model_path, "float32", {}, workdir, **({"trace": True} if trace else {}))
+    setup = EngineSetup(name=engine_name, model_path=model_path, dtype="float32", workdir=workdir, trace=trace)
+    engine = describe(engine_name).engine(setup)
     params = SamplingParams(temperature=0, max_new_tokens=positions - len(prompt), ignore_eos=True)
-    list(engine.generate([Request("warm-up", prompt, SamplingParams(temperature=0, max_new_tokens=2))]))
+    warm = SamplingParams(temperature=0, max_new_tokens=2)
+    list(engine.generate([Request(case_id="warm-up", prompt_ids=prompt, params=warm)]))
     started = time.perf_counter()
-    result = next(iter(engine.generate([Request("case", prompt, params)])))
+    result = next(iter(engine.generate([Request(case_id="case", prompt_ids=prompt, params=params)])))
     out = {"generate_s": time.perf_counter() - started}
     if trace:
         started = time.perf_counter()
-        traced = next(iter(engine.trace([TraceRequest("case", prompt + result.token_ids, len(prompt))])))
+        forced = TraceRequest(case_id="case", token_ids=prompt + result.token_ids, prompt_len=len(prompt))
+        traced = next(iter(engine.trace([forced])))
         out.update(trace_s=time.perf_counter() - started, points=len(traced.points),
                    trace_mb=Path(traced.path).stat().st_size / 2**20)
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -61,12 +66,12 @@ if __name__ == "__main__":
 def child(engine: str, model_path: Path, positions: int, mode: str, workdir: Path) -> dict:
     env = worker_env(threads=1)
     if engine == "vllm":
-        from adapters.vllm_offline import Options, prepare_env, socket_dir
+        from adapters.engines.vllm_offline import Options, prepare_env, socket_dir
 
         env.update(prepare_env(workdir, Options(), socket_dir(workdir)))
     proc = subprocess.run([sys.executable, "-c", CHILD, engine, str(model_path), str(positions), mode, str(workdir),
                            PROMPT], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     return json.loads(line.removeprefix("RESULT "))
 
 

@@ -37,13 +37,14 @@ class ScenarioFailure(Exception):
 class ScenarioFile(pytest.File):
     def collect(self):
         from harness.errors import ParityError
-        from harness.scenario import load
+        from harness.scenario.spec import load
 
         try:
             scenario = load(self.path)
         except ParityError as exc:
-            raise self.CollectError(exc.message)
+            raise self.CollectError(exc.message) from None
         self.outcome = None
+        self.scenario = scenario
         reference = scenario.spec.reference
         for case in scenario.cases:
             for engine in scenario.spec.engines:
@@ -53,10 +54,11 @@ class ScenarioFile(pytest.File):
 
     def run_once(self):
         if self.outcome is None:
-            from harness.run import execute
+            from harness.run.execute import Selection, execute
 
             out = Path(self.config.getoption("parity_out"))
-            self.outcome = execute(self.path, out, None, None, lambda name, event: None, lambda *args: None)
+            self.outcome = execute(self.scenario, out, Selection(), None, lambda name, event: None,
+                                   lambda scenario, run_dir: None)
         return self.outcome
 
 
@@ -71,7 +73,7 @@ class ScenarioItem(pytest.Item):
         try:
             outcome = self.parent.run_once()
         except ParityError as exc:
-            raise ScenarioFailure(exc.message)
+            raise ScenarioFailure(exc.message) from None
         rows = outcome.verdicts[(outcome.verdicts.case_id == self.case_id) & (outcome.verdicts.engine == self.engine)]
         if rows.empty:
             raise ScenarioFailure("not run: the run was interrupted")

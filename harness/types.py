@@ -1,54 +1,43 @@
-"""Boundary types shared by the harness and the adapters: sampling params, requests, results."""
+"""Boundary types shared by the harness and the adapters: requests, results, traces, effective params.
+
+Each is a pydantic model that serialises itself (model_dump / model_validate), so the worker protocol, the journals
+and the run directory all carry the same typed records.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
+from harness.scenario.vocabulary import Group, SamplingParams, names
 
-class SamplingParams(BaseModel):
-    """The canonical sampling vocabulary. None means 'not set'; adapters translate the set fields.
-
-    do_sample defaults to (temperature > 0): leaving both unset means greedy decoding.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    temperature: float | None = Field(None, ge=0)
-    top_k: int | None = Field(None, ge=0, description="0 disables top-k")
-    top_p: float | None = Field(None, gt=0, le=1)
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    max_new_tokens: int = Field(32, ge=1)
-    min_new_tokens: int | None = Field(None, ge=0)
-    seed: int | None = None
-    stop: list[str] | None = None
-    ignore_eos: bool = False
-    do_sample: bool | None = None
-
-    @model_validator(mode="after")
-    def _sampling_needs_temperature(self) -> "SamplingParams":
-        if self.do_sample and self.temperature == 0:
-            raise ValueError("do_sample: true with temperature: 0 is contradictory; drop one of them")
-        return self
-
-    @property
-    def greedy(self) -> bool:
-        if self.do_sample is not None:
-            return not self.do_sample
-        return not self.temperature
-
-    def set_fields(self) -> dict[str, Any]:
-        """The params a scenario actually set (defaults of max_new_tokens and ignore_eos included)."""
-        return self.model_dump(exclude_none=True)
+Status = Literal["ok", "error"]
 
 
-@dataclass
-class Request:
+class Record(BaseModel):
+    """Base of the boundary types: unknown keys are errors, so a record from another layout is caught; inf and NaN
+    (a -inf logprob, an implied step without one) travel as JSON's NaN/Infinity constants, not as null."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+
+class EngineSetup(Record):
+    """What a worker hands an Engine's constructor: the engine instance's name, the model folder, dtype, its
+    options block (validated by the engine's Options), a private working directory, whether it is loaded to trace,
+    and the longest sequence (prompt + new tokens) the run will send it, for engines that size caches by it."""
+
+    name: str
+    model_path: Path
+    dtype: str
+    options: dict[str, Any] = Field(default_factory=dict)
+    workdir: Path
+    trace: bool = False
+    max_context: int | None = None
+
+
+class Request(Record):
     """One case sent to an engine: prompt token ids (already templated and tokenised by the harness), plus the
     prompt as the scenario gave it (text or chat messages) for engines that take text, such as HTTP servers."""
 
@@ -60,104 +49,82 @@ class Request:
     messages: list[dict[str, str]] | None = None
     num_samples: int = 1  # > 1: independent seeded samples of the first tokens (Result.samples), for sampling parity
 
-    def to_json(self) -> dict[str, Any]:
-        return {"case_id": self.case_id, "prompt_ids": self.prompt_ids, "params": self.params.model_dump(),
-                "top_logprobs": self.top_logprobs, "text": self.text, "messages": self.messages,
-                "num_samples": self.num_samples}
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Request":
-        return cls(data["case_id"], list(data["prompt_ids"]), SamplingParams(**data["params"]),
-                   int(data["top_logprobs"]), data.get("text"), data.get("messages"), int(data.get("num_samples", 1)))
-
-
-@dataclass
-class Translation:
+class Translation(Record):
     """What an adapter sent to its engine for a request, and where the meaning differs from the canonical one."""
 
     native_params: dict[str, Any]
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
 
 
-@dataclass
-class Result:
+class Result(Record):
     """What an engine produced for one case. Per-step arrays are top-k log-probabilities of the raw model
-    distribution (before temperature, penalties and truncation), sorted best first."""
+    distribution (before temperature, penalties and truncation), sorted best first.
+
+    finish_reason is what the engine said ("stop", "length", ...); ended_by is the harness's normalised reading of
+    how the generation ended (harness.compare.ending), the same for every engine."""
 
     case_id: str
     engine: str
-    status: str  # "ok" | "error"
-    prompt_ids: list[int] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
+    status: Status
+    prompt_ids: list[int] = Field(default_factory=list)
+    token_ids: list[int] = Field(default_factory=list)
     text: str = ""
     finish_reason: str = ""
-    chosen_logprobs: list[float] = field(default_factory=list)
-    top_ids: list[list[int]] = field(default_factory=list)
-    top_logprobs: list[list[float]] = field(default_factory=list)
-    native_params: dict[str, Any] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
+    chosen_logprobs: list[float] = Field(default_factory=list)
+    top_ids: list[list[int]] = Field(default_factory=list)
+    top_logprobs: list[list[float]] = Field(default_factory=list)
+    native_params: dict[str, Any] = Field(default_factory=dict)
+    warnings: list[str] = Field(default_factory=list)
+    timings: dict[str, float] = Field(default_factory=dict)
     error: str = ""
-    effective: dict[str, Any] = field(default_factory=dict)  # Effective.to_json(), from the engine's own code
-    samples: list[list[int]] = field(default_factory=list)  # token ids of each sample (Request.num_samples > 1)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    effective: dict[str, Any] = Field(default_factory=dict)  # Effective.to_json(), from the engine's own code
+    samples: list[list[int]] = Field(default_factory=list)  # token ids of each sample (Request.num_samples > 1)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Result":
-        return cls(**data)
-
-    @classmethod
-    def engine_error(cls, case_id: str, engine: str, error: str) -> "Result":
+    def engine_error(cls, case_id: str, engine: str, error: str) -> Result:
         return cls(case_id=case_id, engine=engine, status="error", error=error)
 
 
-@dataclass
-class TraceRequest:
+class TraceRequest(Record):
     """Teacher forcing: one forward pass over a fixed token sequence (the prompt plus the reference's generated
-    tokens), capturing every canonical point (harness.trace_points) at every position."""
+    tokens), capturing every canonical point (harness.explain.points) at every position."""
 
     case_id: str
     token_ids: list[int]
     prompt_len: int
     points: list[str] | None = None  # capture only these (e.g. ["logits"]); None: every point
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "TraceRequest":
-        return cls(data["case_id"], list(data["token_ids"]), int(data["prompt_len"]), data.get("points"))
-
-
-@dataclass
-class TraceResult:
+class TraceResult(Record):
     """Where an engine wrote a case's trace (a safetensors file of [positions, width] tensors) and what it saw."""
 
     case_id: str
     engine: str
-    status: str  # "ok" | "error"
+    status: Status
     path: str = ""
-    points: list[str] = field(default_factory=list)
-    nonfinite: dict[str, int] = field(default_factory=dict)  # point -> count of inf/NaN values
-    timings: dict[str, float] = field(default_factory=dict)
+    points: list[str] = Field(default_factory=list)
+    nonfinite: dict[str, int] = Field(default_factory=dict)  # point -> count of inf/NaN values
+    timings: dict[str, float] = Field(default_factory=dict)
     error: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "TraceResult":
-        return cls(**data)
-
-    @classmethod
-    def engine_error(cls, case_id: str, engine: str, error: str) -> "TraceResult":
+    def engine_error(cls, case_id: str, engine: str, error: str) -> TraceResult:
         return cls(case_id=case_id, engine=engine, status="error", error=error)
 
 
-@dataclass
-class Effective:
+class Setting(Record):
+    """A token-changing setting outside the canonical params (a generation_config.json field such as
+    no_repeat_ngram_size, a logits processor or stopping rule an engine builds on its own) and what one engine
+    does with it: applied (with the value it applies), not applied, or unknown (a server decides)."""
+
+    value: Any = None
+    applied: Literal["yes", "no", "unknown"] = "yes"
+    source: str = ""  # file and key it comes from ("generation_config.json: no_repeat_ngram_size"), or "engine default"
+    note: str = ""
+
+
+class Effective(Record):
     """What an engine will really do with a request's params, computed by the engine's own code (config merges,
     clamps, greedy rewrites), or why it rejects them. None means the engine has no such knob (or it is unused)."""
 
@@ -174,22 +141,20 @@ class Effective:
     min_new_tokens: int | None = None
     seed: int | None = None
     logits_dtype: str = ""  # the dtype the sampler works in
-    processors: list[str] = field(default_factory=list)  # the engine's processing steps, in order
-    sources: dict[str, str] = field(default_factory=dict)  # param -> request | generation_config.json | default
-    notes: list[str] = field(default_factory=list)
+    processors: list[str] = Field(default_factory=list)  # the engine's processing steps, in order
+    sources: dict[str, str] = Field(default_factory=dict)  # param -> request | generation_config.json | default
+    notes: list[str] = Field(default_factory=list)
     rejected: str = ""  # "rejected by ENGINE: reason" when the engine refuses the params
-
-    COMPARED = ("decoding", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "repetition_scope",
-                "frequency_penalty", "presence_penalty", "max_new_tokens", "min_new_tokens", "seed", "logits_dtype")
-    NEUTRAL = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "min_p": 0.0}  # = no knob
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    extra: dict[str, Setting] = Field(default_factory=dict)  # non-canonical settings, by name
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Effective":
-        return cls(**data)
-
-    @classmethod
-    def refused(cls, engine: str, reason: str) -> "Effective":
+    def refused(cls, engine: str, reason: str) -> Effective:
         return cls(rejected=f"rejected by {engine}: {reason}")
+
+
+# The fields compared between engines: the decoding mode, every canonical param that shapes the distribution or the
+# length (from the vocabulary), what the repetition penalty counts, and the dtype the sampler works in.
+COMPARED: tuple[str, ...] = (
+    "decoding", *[n for n in names(Group.DECODING, Group.TRUNCATION, Group.PENALTY) if n in Effective.model_fields],
+    "repetition_scope", *[n for n in names(Group.LENGTH, Group.RANDOMNESS) if n in Effective.model_fields],
+    "logits_dtype")

@@ -14,7 +14,7 @@ echo "bootstrap: creating $venv with $("$python" --version) (a few minutes the f
 "$python" -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet)
 read_list() { "$venv/bin/python" -c "import tomllib,sys; print(' '.join(tomllib.load(open('pyproject.toml','rb'))['tool']['llm-parity'][sys.argv[1]]))" "$1"; }
-"${pip[@]}" install -e ".[test]"
+"${pip[@]}" install -e ".[cpu,vllm,lmdeploy-cpu,test]"
 "${pip[@]}" install --no-deps $(read_list no-deps)
 "${pip[@]}" uninstall -y $(read_list remove-after-install) 2>/dev/null || true
 "$venv/bin/python" -c "import transformers, vllm, lmdeploy.messages, scipy, harness" 2>/dev/null || { echo "bootstrap: import check failed" >&2; exit 1; }

@@ -1,0 +1,158 @@
+"""The engine contract: what an engine tells the harness about itself (EngineDescription), the interface its Engine
+class implements inside a worker process, and helpers shared by adapters.
+
+An engine is one module with an Engine class, an Options model and a DESCRIPTION. The harness never compares
+engine names: whatever differs between engines is a field of the description (how it is made available, what it
+can do, which sampling code and dialect it has). docs/adding-an-engine.md walks through writing one.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness.scenario.vocabulary import GREEDY_IRRELEVANT, SamplingParams
+from harness.types import Request, Result, TraceRequest, TraceResult, Translation
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class EngineOptions(BaseModel):
+    """Base for an adapter's options block; unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class InProcessOptions(EngineOptions):
+    """Options of engines whose model lives in the worker process (hf, vllm)."""
+
+    patch: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+                              description="module:function called with the loaded model, to A/B a kernel or a fusion")
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """How an engine is made available. The pinned version is read from the project's own requirements (the extra
+    or engine environment named here), never written twice."""
+
+    module: str  # the package the engine imports (its presence in the engine's interpreter is checked)
+    distribution: str  # the PyPI distribution that provides it
+    extra: str | None = None  # the llm-parity extra that installs it (pip install 'llm-parity[EXTRA]')
+    env: str | None = None  # or the engine environment that holds it (parity env create ENV)
+    cuda: bool = False  # needs a CUDA GPU in its interpreter (not when attached to a running server by url)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    logprobs: bool = True  # per-step top-k logprobs of the raw distribution
+    traces: bool = False  # teacher-forced passes capturing per-layer points (parity explain)
+    samples: bool = False  # N seeded samples of the first tokens per request (sampling parity)
+    dtypes: tuple[str, ...] = DTYPES  # dtypes it runs; float64 here means it can serve as the noise floor
+    server: bool = False  # talks HTTP to a server (started by the harness or attached by url)
+
+
+@dataclass(frozen=True)
+class SamplingCode:
+    """The module holding an engine's own sampling code (`effective`, `transplant`, optionally `LIMITS`) and the
+    keyword arguments that select its path."""
+
+    module: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineDescription:
+    """Everything the harness needs to know about an engine. Registered by the engine's module (built-in) or through
+    the `llm_parity.engines` entry-point group (third-party)."""
+
+    name: str
+    summary: str
+    engine: type  # the Engine class, constructed in a worker process
+    options: type[EngineOptions]
+    requirement: Requirement
+    capabilities: Capabilities = Capabilities()
+    sampling: Callable[[Any], SamplingCode | None] | None = None  # options -> its sampling code, if it has any
+    dialect: Callable[[Any], str | None] | None = None  # options -> the server dialect it speaks (server engines)
+
+    @property
+    def factory(self) -> str:
+        """module:Class of the Engine, for the worker to import."""
+        return f"{self.engine.__module__}:{self.engine.__qualname__}"
+
+    def parse_options(self, options: dict[str, Any]) -> EngineOptions:
+        return self.options(**options)
+
+    def sampling_code(self, options: dict[str, Any]) -> SamplingCode | None:
+        return self.sampling(self.parse_options(options)) if self.sampling else None
+
+    def dialect_name(self, options: dict[str, Any]) -> str | None:
+        return self.dialect(self.parse_options(options)) if self.dialect else None
+
+    def needs_cuda(self, options: dict[str, Any]) -> bool:
+        return self.requirement.cuda and not options.get("url")
+
+    def dtype_problem(self, dtype: str, options: dict[str, Any]) -> str | None:
+        """Why this engine cannot run the dtype (None: it can). An attached server runs whatever it was started with."""
+        if dtype in self.capabilities.dtypes or (self.capabilities.server and options.get("url")):
+            return None
+        return f"engine {self.name} runs {', '.join(self.capabilities.dtypes)} only, not {dtype}"
+
+
+class Engine(Protocol):
+    """Runs inside a worker process. Loads the model once in __init__; generate() yields one Result per request,
+    in any order, as soon as each is ready. Engines with capabilities.traces also take trace=True in __init__
+    (hooks attached, caches that would skip positions off) and implement trace()."""
+
+    def __init__(self, name: str, model_path: Path, dtype: str, options: dict[str, Any], workdir: Path,
+                 trace: bool = False) -> None: ...
+
+    def versions(self) -> dict[str, str]: ...
+
+    def translate(self, params: SamplingParams, top_logprobs: int) -> Translation: ...
+
+    def generate(self, requests: list[Request]) -> Iterator[Result]: ...
+
+    def close(self) -> None: ...
+
+
+class TracingEngine(Engine, Protocol):
+    def trace(self, requests: list[TraceRequest]) -> Iterator[TraceResult]: ...
+
+
+def import_object(spec: str) -> Any:
+    """'package.module:attr' -> the object."""
+    module_name, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def apply_patch(spec: str | None, model: Any) -> None:
+    """Call the user's `module:function` with the loaded model (the module is found on the worker's sys.path,
+    which includes the scenario file's folder)."""
+    if not spec:
+        return
+    try:
+        function = import_object(spec)
+    except (ImportError, AttributeError) as exc:
+        raise RuntimeError(f"patch {spec}: cannot load it ({exc}): check the module is importable from the "
+                           "scenario's folder or the project") from exc
+    function(model)
+
+
+def greedy_ignored(params: SamplingParams) -> list[str]:
+    """Warnings for the params greedy decoding makes meaningless (temperature 0 itself is how greedy is asked for)."""
+    if not params.greedy:
+        return []
+    ignored = [n for n in GREEDY_IRRELEVANT
+               if (bool(params.temperature) if n == "temperature" else getattr(params, n) is not None)]
+    return [f"{n} has no effect: decoding is greedy (do_sample false)" for n in ignored]
+
+
+def top_k_of(logprobs: Any, k: int) -> tuple[list, list]:
+    """(values, ids) of the k best entries of a [steps, vocab] torch tensor of log-probabilities."""
+    values, ids = logprobs.topk(k, dim=-1)
+    return values.tolist(), ids.tolist()

@@ -1,0 +1,230 @@
+"""HF transformers engine: model.generate() on CPU, raw per-step logits -> top-k logprobs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from adapters.contract import (
+    DTYPES,
+    Capabilities,
+    EngineDescription,
+    InProcessOptions,
+    Requirement,
+    SamplingCode,
+    apply_patch,
+    greedy_ignored,
+    top_k_of,
+)
+from adapters.tracing.capture import Capture, run_traces
+from harness.scenario.vocabulary import SamplingParams
+from harness.types import EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
+
+
+class Options(InProcessOptions):
+    attn_implementation: Literal["eager", "sdpa"] = "sdpa"
+    batched: bool = False  # True: cases with equal params go through generate() together, left-padded
+
+
+def translate(params: SamplingParams) -> Translation:
+    """Canonical params -> HF generate() kwargs, with a warning for each param HF cannot honour."""
+    warnings = greedy_ignored(params)
+    native: dict[str, Any] = {"max_new_tokens": params.max_new_tokens, "do_sample": not params.greedy}
+    if params.greedy:
+        native.update(temperature=None, top_k=None, top_p=None)
+    else:
+        # Unset truncation means none, as in the canonical vocabulary (HF's own default would be top_k=50).
+        native.update(temperature=params.temperature or 1.0, top_k=params.top_k or 0, top_p=params.top_p or 1.0)
+        if params.min_p is not None:
+            native["min_p"] = params.min_p
+    if params.repetition_penalty is not None:
+        native["repetition_penalty"] = params.repetition_penalty
+    for penalty in ("frequency_penalty", "presence_penalty"):
+        if getattr(params, penalty):
+            warnings.append(f"{penalty}={getattr(params, penalty)} NOT APPLIED: HF generate has no "
+                            f"{penalty} (its repetition_penalty is multiplicative and has other semantics)")
+    if params.min_new_tokens:
+        native["min_new_tokens"] = params.min_new_tokens
+    if params.ignore_eos:
+        native["min_new_tokens"] = params.max_new_tokens  # HF has no ignore_eos: forbid EOS until the end
+    if params.stop:
+        native["stop_strings"] = list(params.stop)
+    if params.seed is not None:
+        native["torch_manual_seed"] = params.seed
+    return Translation(native_params=native, warnings=warnings)
+
+
+class Engine:
+    def __init__(self, setup: EngineSetup):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.name, self.options, self.dtype, self.workdir = setup.name, Options(**setup.options), setup.dtype, \
+            setup.workdir
+        self.torch = torch
+        self.tokenizer = AutoTokenizer.from_pretrained(setup.model_path)
+        self.tokenizer.padding_side = "left"
+        self.model = AutoModelForCausalLM.from_pretrained(
+            setup.model_path, dtype=getattr(torch, setup.dtype), attn_implementation=self.options.attn_implementation)
+        self.model.eval()
+        apply_patch(self.options.patch, self.model)
+        self.capture = self._capture() if setup.trace else None
+        self.eos_ids = set(self._as_list(self.model.generation_config.eos_token_id))
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
+
+    @staticmethod
+    def _as_list(value) -> list[int]:
+        return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+
+    def versions(self) -> dict[str, str]:
+        import transformers
+
+        return {"transformers": transformers.__version__, "torch": self.torch.__version__}
+
+    def translate(self, params: SamplingParams, top_logprobs: int) -> Translation:
+        return translate(params)
+
+    def generate(self, requests: list[Request]) -> Iterator[Result]:
+        for request in requests:
+            if request.num_samples > 1:
+                yield self._samples(request)
+        requests = [r for r in requests if r.num_samples == 1]
+        if not self.options.batched:
+            for request in requests:
+                yield from self._generate_batch([request])
+            return
+        groups: dict[str, list[Request]] = {}
+        for request in requests:
+            groups.setdefault(request.params.model_dump_json(), []).append(request)
+        for group in groups.values():
+            yield from self._generate_batch(group)
+
+    def _generate_batch(self, batch: list[Request]) -> Iterator[Result]:
+        torch = self.torch
+        translation = self.translate(batch[0].params, batch[0].top_logprobs)
+        kwargs = {k: v for k, v in translation.native_params.items() if k != "torch_manual_seed"}
+        if "torch_manual_seed" in translation.native_params:
+            torch.manual_seed(translation.native_params["torch_manual_seed"])
+        if "stop_strings" in kwargs:
+            kwargs["tokenizer"] = self.tokenizer
+        width = max(len(r.prompt_ids) for r in batch)
+        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, request in enumerate(batch):
+            input_ids[row, width - len(request.prompt_ids):] = torch.tensor(request.prompt_ids)
+            attention[row, width - len(request.prompt_ids):] = 1
+        started = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention, pad_token_id=self.pad_id,
+                                      return_dict_in_generate=True, output_logits=True, **kwargs)
+        elapsed = time.perf_counter() - started
+        generated = out.sequences[:, width:]
+        logprobs = torch.stack(out.logits, dim=1).float().log_softmax(dim=-1)  # [batch, steps, vocab], raw logits
+        k = batch[0].top_logprobs
+        for row, request in enumerate(batch):
+            ids = generated[row].tolist()
+            n, finish = self._trim(ids, request.params)
+            row_lp = logprobs[row, :n]
+            top_values, top_ids = top_k_of(row_lp, k)
+            chosen = row_lp.gather(-1, generated[row, :n, None]).squeeze(-1).tolist()
+            yield Result(case_id=request.case_id, engine=self.name, status="ok", prompt_ids=request.prompt_ids,
+                         token_ids=ids[:n], text=self.tokenizer.decode(ids[:n], skip_special_tokens=True),
+                         finish_reason=finish, chosen_logprobs=chosen, top_ids=top_ids, top_logprobs=top_values,
+                         native_params=translation.native_params, warnings=translation.warnings,
+                         timings={"generate_s": elapsed / len(batch), "batch_size": len(batch)})
+
+    def _samples(self, request: Request, chunk: int = 500) -> Result:
+        """num_samples independent draws, as generate() makes them for a batch of identical rows: the prompt's
+        KV cache is computed once and repeated for each chunk of rows (the rows would compute the same values)."""
+        import copy
+
+        torch = self.torch
+        translation = translate(request.params)
+        kwargs = {k: v for k, v in translation.native_params.items() if k not in ("torch_manual_seed", "stop_strings")}
+        prompt = torch.tensor([request.prompt_ids])
+        started = time.perf_counter()
+        with torch.inference_mode():
+            prefix = self.model(input_ids=prompt[:, :-1], use_cache=True).past_key_values
+            torch.manual_seed(translation.native_params.get("torch_manual_seed", 0))
+            samples: list[list[int]] = []
+            while len(samples) < request.num_samples:
+                rows = min(chunk, request.num_samples - len(samples))
+                cache = copy.deepcopy(prefix)
+                cache.batch_repeat_interleave(rows)
+                out = self.model.generate(input_ids=prompt.expand(rows, -1), past_key_values=cache,
+                                          attention_mask=torch.ones(rows, prompt.shape[1], dtype=torch.long),
+                                          pad_token_id=self.pad_id, **kwargs)
+                samples += out[:, prompt.shape[1]:].tolist()
+        return Result(case_id=request.case_id, engine=self.name, status="ok", prompt_ids=request.prompt_ids,
+                      token_ids=samples[0], samples=samples, native_params=translation.native_params,
+                      warnings=translation.warnings, finish_reason="length",
+                      timings={"generate_s": time.perf_counter() - started, "samples": len(samples)})
+
+    def _trim(self, ids: list[int], params: SamplingParams) -> tuple[int, str]:
+        """Generated length up to and including the first EOS (batched rows are padded after it)."""
+        if not params.ignore_eos:
+            for i, token in enumerate(ids):
+                if token in self.eos_ids and i + 1 >= (params.min_new_tokens or 0):
+                    return i + 1, "stop"
+        if params.stop and len(ids) < params.max_new_tokens:
+            return len(ids), "stop"
+        return len(ids), "length"
+
+    def _capture(self) -> Capture:
+        from adapters.tracing.arch_maps import HF_LLAMA, HF_OPT, arch_map, by_model_type, sizes
+
+        config = self.model.config
+        arch = arch_map(by_model_type(HF_LLAMA, HF_OPT), config.model_type, self.name)
+        rope = HfRope(self.model, sizes(config)) if hasattr(self.model.model, "rotary_emb") else None
+        return Capture(self.model, arch, sizes(config), config.num_hidden_layers, rope.derive if rope else None)
+
+    def trace(self, requests: list[TraceRequest]) -> Iterator[TraceResult]:
+        torch = self.torch
+
+        def forward(token_ids: list[int]) -> None:
+            with torch.inference_mode():
+                self.model(input_ids=torch.tensor([token_ids]), use_cache=False)
+
+        store = torch.float64 if self.dtype == "float64" else torch.float32
+        yield from run_traces(self.name, self.capture, requests, self.workdir, store, forward,
+                              {"engine": DESCRIPTION.name, "dtype": self.dtype})
+
+    def close(self) -> None:
+        if self.capture is not None:
+            self.capture.close()
+        self.model = None
+
+
+class HfRope:
+    """q and k after rope, computed the way HF's attention computes them inside forward (the modeling module's own
+    apply_rotary_pos_emb on the captured q, k and the model's rotary cos/sin), since HF has no module for it."""
+
+    def __init__(self, model: Any, widths: dict[str, int]):
+        import sys
+
+        self.apply = sys.modules[type(model).__module__].apply_rotary_pos_emb
+        self.head_dim = widths["head_dim"]
+        self.cos_sin: tuple | None = None
+        self.q = None
+        model.model.rotary_emb.register_forward_hook(lambda _m, _a, output: setattr(self, "cos_sin", output))
+
+    def _heads(self, rows):  # [seq, heads*dim] -> [1, heads, seq, dim], HF's attention layout
+        return rows.view(1, rows.shape[0], -1, self.head_dim).transpose(1, 2)
+
+    def derive(self, name: str, rows) -> list[tuple[str, Any]]:
+        if name.endswith(".q"):
+            self.q = rows
+        if not name.endswith(".k"):
+            return []
+        q, k = self.apply(self._heads(self.q), self._heads(rows), *self.cos_sin)
+        prefix = name[: -len("k")]
+        flat = [t.transpose(1, 2)[0].reshape(rows.shape[0], -1) for t in (q, k)]
+        return [(prefix + "q_rope", flat[0]), (prefix + "k_rope", flat[1])]
+
+
+DESCRIPTION = EngineDescription(
+    name="hf", summary="HF transformers generate() on CPU", engine=Engine, options=Options,
+    requirement=Requirement(module="transformers", distribution="transformers"),
+    capabilities=Capabilities(traces=True, samples=True, dtypes=(*DTYPES, "float64")),
+    sampling=lambda options: SamplingCode("adapters.sampling.hf"))

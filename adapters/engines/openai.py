@@ -1,0 +1,195 @@
+"""`openai` engine: any OpenAI-compatible server by base URL, /v1/completions or /v1/chat/completions,
+streamed or not, with bounded concurrency, timeouts and retries. Server engines the harness starts (vllm-server,
+lmdeploy-server) build on it through adapters.http.served."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+import httpx
+from pydantic import Field, model_validator
+
+from adapters.contract import Capabilities, EngineDescription, EngineOptions, Requirement, greedy_ignored
+from adapters.http.answers import to_result
+from adapters.http.client import Client, Completion, RequestFailed, translate
+from adapters.http.dialects import DIALECTS, Dialect
+from adapters.http.token_ids import TokenTable
+from harness.scenario.vocabulary import SamplingParams
+from harness.types import EngineSetup, Request, Result, Translation
+
+DialectName = Literal[tuple(DIALECTS)]  # type: ignore[valid-type]
+
+
+class ClientOptions(EngineOptions):
+    # completions | chat | generate (the server's native endpoint, lmdeploy's); unset: the dialect's choice for
+    # token-level comparison (lmdeploy: generate; the others: completions)
+    endpoint: Literal["completions", "chat", "generate"] | None = None
+    stream: bool = False
+    prompt: Literal["auto", "token_ids", "text"] = "auto"  # auto: token ids where the server accepts them
+    model: str | None = None  # served model name; default: the first one /v1/models lists
+    concurrency: int = Field(4, ge=1)
+    request_timeout: float = Field(300, gt=0)
+    retries: int = Field(3, ge=0)
+    defaults: Literal["canonical", "engine"] = "canonical"  # engine: params left unset are not sent
+
+
+def is_loopback(url: str) -> bool:
+    host = urlparse(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_url(url: str | None, allow_remote: bool) -> None:
+    """An http(s) URL, and a loopback one unless the scenario allows remote servers."""
+    if url is None:
+        return
+    if not urlparse(url).scheme.startswith("http"):
+        raise ValueError(f"url {url!r} is not an http(s) URL")
+    if not is_loopback(url) and not allow_remote:
+        raise ValueError(f"url {url} is not a loopback address: set allow_remote: true to use it")
+
+
+def check_endpoint(dialect: Dialect, endpoint: str | None, stream: bool) -> None:
+    """An endpoint that cannot give per-token logprobs, or that this server does not have, is refused up front."""
+    chosen = endpoint or dialect.default_endpoint
+    if chosen in dialect.no_logprobs:
+        raise ValueError(f"endpoint {chosen}: {dialect.no_logprobs[chosen]}, so it cannot be compared token by token: "
+                         f"use endpoint: {dialect.default_endpoint} (or chat)")
+    if chosen == "generate" and not dialect.generate_fields:
+        raise ValueError(f"endpoint generate is lmdeploy's native endpoint; the {dialect.name} server has none: use "
+                         "completions or chat")
+    if chosen == "generate" and stream:
+        raise ValueError("stream: the native generate endpoint is compared unstreamed: drop stream: true")
+
+
+class AttachOptions(ClientOptions):
+    """Where the server is and how to reach it. api_key_env names the env var holding the key (never the key)."""
+
+    url: str | None = None
+    api_key_env: str | None = None
+    allow_remote: bool = False
+
+    @model_validator(mode="after")
+    def _loopback_unless_allowed(self) -> AttachOptions:
+        check_url(self.url, self.allow_remote)
+        return self
+
+
+class Options(AttachOptions):
+    url: str
+    dialect: DialectName = "generic"
+
+    @model_validator(mode="after")
+    def _endpoint_gives_logprobs(self) -> Options:
+        check_endpoint(DIALECTS[self.dialect], self.endpoint, self.stream)
+        return self
+
+
+def api_base(url: str) -> str:
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else f"{url}/v1"
+
+
+def auth_headers(api_key_env: str | None) -> dict[str, str]:
+    """The Authorization header for a server that wants an API key, read from the env var the scenario names."""
+    if not api_key_env:
+        return {}
+    key = os.environ.get(api_key_env)
+    if not key:
+        raise RuntimeError(f"env var {api_key_env} (api_key_env) is not set")
+    return {"Authorization": f"Bearer {key}"}
+
+
+class Engine:
+    """Talks to a running server. Server engines (adapters.http.served) start or attach first, then connect()."""
+
+    def __init__(self, setup: EngineSetup):
+        self.name, self.options = setup.name, Options(**setup.options)
+        self.connect(setup.model_path, api_base(self.options.url), DIALECTS[self.options.dialect], self.options,
+                     auth_headers(self.options.api_key_env))
+
+    def connect(self, model_path: Path, base_url: str, dialect: Dialect, options: ClientOptions,
+                headers: dict[str, str], server_alive: Callable[[], str | None] = lambda: None) -> None:
+        self.client_options, self.dialect, self.base_url = options, dialect, base_url
+        self.endpoint = options.endpoint or dialect.default_endpoint
+        self.model_path = model_path
+        self._tokenizer = None
+        self._tokenizer_lock = threading.Lock()  # requests run in threads; import and load once
+        self.token_table = TokenTable(lambda: self.tokenizer)
+        models = httpx.get(f"{base_url}/models", headers=headers, timeout=30).json()
+        served = [m["id"] for m in models.get("data", [])]
+        self.model = options.model or (served[0] if served else "")
+        self.server_version = models.get("version", "")
+        self.client = Client(base_url, self.model, self.endpoint, options.stream, options.request_timeout,
+                             options.retries, headers, server_alive)
+
+    @property
+    def tokenizer(self):
+        """Loaded on first need (text prompts for servers without token-id prompts, or mapping token text)."""
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                from transformers import AutoTokenizer
+
+                self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self._tokenizer
+
+    def versions(self) -> dict[str, str]:
+        return {"server": self.base_url, "dialect": self.dialect.name, "served_model": self.model,
+                "httpx": httpx.__version__}
+
+    def translate(self, params: SamplingParams, top_logprobs: int) -> Translation:
+        translation = translate(params, self.dialect, top_logprobs, self.endpoint, self.client_options.defaults)
+        translation.warnings[:0] = greedy_ignored(params)
+        return translation
+
+    def _prompt(self, request: Request) -> list[int] | str:
+        """Token ids where the server takes them, else the text (chat messages: the harness-templated text)."""
+        mode = self.client_options.prompt
+        if mode == "token_ids" or (mode == "auto" and self.dialect.token_id_prompts):
+            return request.prompt_ids
+        return request.text if request.text is not None else self.tokenizer.decode(request.prompt_ids)
+
+    def generate(self, requests: list[Request]) -> Iterator[Result]:
+        with ThreadPoolExecutor(max_workers=self.client_options.concurrency) as pool:
+            futures = {pool.submit(self._one, request): request for request in requests}
+            for future in as_completed(futures):
+                yield future.result()
+
+    def _one(self, request: Request) -> Result:
+        translation = self.translate(request.params, request.top_logprobs)
+        body = self.client.body(request, translation.native_params, self._prompt(request))
+        started = time.perf_counter()
+        try:
+            completion = self.client.complete(body)
+        except RequestFailed as exc:
+            return Result.engine_error(request.case_id, self.name, f"engine error: {exc}")
+        result = self._result(request, translation, body, completion)
+        result.timings = {"generate_s": time.perf_counter() - started, "attempts": float(completion.attempts)}
+        return result
+
+    def _result(self, request: Request, translation: Translation, body: dict[str, Any],
+                completion: Completion) -> Result:
+        return to_result(self.name, request, translation, body, completion, self.token_table, self.client.url)
+
+    def close(self) -> None:
+        pass
+
+
+DESCRIPTION = EngineDescription(
+    name="openai", summary="any OpenAI-compatible server by base URL (dialects: " + ", ".join(DIALECTS) + ")",
+    engine=Engine, options=Options, requirement=Requirement(module="httpx", distribution="httpx"),
+    capabilities=Capabilities(server=True),
+    sampling=lambda options: DIALECTS[options.dialect].sampling_code(options.defaults),
+    dialect=lambda options: options.dialect)

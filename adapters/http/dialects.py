@@ -1,0 +1,126 @@
+"""What each known OpenAI-compatible server does with the canonical sampling params.
+
+For every server: which params it honours (and under which request field), which it accepts but ignores, which
+it cannot receive at all, its defaults when a param is unset, whether it takes token-id prompts, and how (if at
+all) it returns token ids. Sources: ENGINE_NOTES.md (measured on vLLM 0.32 and read from lmdeploy 0.18 code) and
+each server's documented request schema. The README renders this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from adapters.contract import SamplingCode
+from harness.scenario.vocabulary import OPENAI_FIELDS, names
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str
+    description: str
+    extra_fields: dict[str, str]  # canonical param -> non-OpenAI request field the server accepts
+    ignores: frozenset[str] = frozenset()  # accepted in the request, no effect
+    defaults: dict[str, Any] = field(default_factory=dict)  # server behaviour when the param is unset
+    token_id_prompts: bool = False  # /v1/completions accepts `prompt: [ids]`
+    token_id_fields: dict[str, Any] = field(default_factory=dict)  # request fields that make it return token ids
+    notes: str = ""
+    neutral: dict[str, Any] = field(default_factory=dict)  # the server's own spelling of a param's neutral value
+    # params whose built-in default (the server's own, not the model's file) is not neutral: the neutral value is
+    # sent whenever the scenario leaves them unset, in greedy mode too (a penalty changes an argmax)
+    nonneutral: frozenset[str] = frozenset()
+    default_endpoint: str = "completions"  # the endpoint token-level comparison uses unless the scenario says
+    # endpoints that answer without per-token logprobs, with why: a scenario using one is refused at validation
+    no_logprobs: dict[str, str] = field(default_factory=dict)
+    generate_fields: frozenset[str] = frozenset()  # request fields of the server's native /generate, if it has one
+    # the server's own sampling code, when it is installed here (effective params, transplant): module and kwargs
+    sampling: SamplingCode | None = None
+
+    def sampling_code(self, defaults: str) -> SamplingCode | None:
+        """The sampling code of a server of this kind that the harness did not start (its own default
+        generation-config handling applies), for requests made with the given defaults mode."""
+        if self.sampling is None:
+            return None
+        return SamplingCode(self.sampling.module, {**self.sampling.kwargs, "defaults": defaults})
+
+    def handling(self, param: str) -> str:
+        if param in self.ignores:
+            return "ignores"
+        if param in OPENAI_FIELDS or param in self.extra_fields:
+            return "honours"
+        return "rejects"
+
+
+DIALECTS: dict[str, Dialect] = {
+    "vllm": Dialect(
+        "vllm", "vLLM OpenAI server (python -m vllm.entrypoints.openai.api_server)",
+        extra_fields={"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty",
+                      "ignore_eos": "ignore_eos", "min_new_tokens": "min_tokens"},
+        defaults={"temperature": "1.0, or the model's generation_config.json (--generation-config auto)",
+                  "top_k": "off", "top_p": 1.0, "max_new_tokens": 16},
+        token_id_prompts=True,
+        token_id_fields={"return_tokens_as_token_ids": True, "return_token_ids": True},
+        sampling=SamplingCode("adapters.sampling.vllm", {"mode": "server", "generation_config": "auto"})),
+    "lmdeploy": Dialect(
+        "lmdeploy", "lmdeploy api_server (0.18)",
+        extra_fields={"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty",
+                      "ignore_eos": "ignore_eos"},
+        ignores=frozenset({"frequency_penalty", "presence_penalty"}),
+        defaults={"temperature": 0.8, "top_k": 50, "top_p": 1.0, "do_sample": "always true on the server",
+                  "repetition_penalty": "1.0, over generated tokens only (never the prompt)"},
+        notes="temperature 0 becomes top_k=1; token-level comparison uses its native /generate (token ids in and "
+              "out, top logprobs with ids); /v1/completions returns no logprobs (0.18), /v1/chat/completions "
+              "byte-level token pieces",
+        default_endpoint="generate",
+        no_logprobs={"completions": "lmdeploy's api_server (0.18) answers /v1/completions with logprobs: null"},
+        generate_fields=frozenset({"max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                                   "ignore_eos", "stop", "return_logprob", "top_logprobs_num",
+                                   "skip_special_tokens"}),
+        sampling=SamplingCode("adapters.sampling.lmdeploy", {"mode": "server", "generation_config": "auto"})),
+    "llamacpp": Dialect(
+        "llamacpp", "llama.cpp llama-server (OpenAI-compatible endpoints)",
+        extra_fields={"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repeat_penalty"},
+        defaults={"top_k": 40, "top_p": 0.95, "min_p": 0.05,
+                  "repetition_penalty": "1.0 (llama_cpp.server, the Python one: 1.1)"},
+        nonneutral=frozenset({"top_k", "top_p", "min_p", "repetition_penalty"}),
+        token_id_prompts=True,
+        notes="llama_cpp.server (Python) rejects token-id prompts; use text prompts with it",
+        sampling=SamplingCode("adapters.sampling.dialect", {"dialect": "llamacpp"})),
+    "sglang": Dialect(
+        "sglang", "SGLang OpenAI-compatible server",
+        extra_fields={"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty",
+                      "ignore_eos": "ignore_eos", "min_new_tokens": "min_tokens"},
+        defaults={"temperature": 1.0, "top_k": "off", "top_p": 1.0},
+        token_id_prompts=True, sampling=SamplingCode("adapters.sampling.dialect", {"dialect": "sglang"})),
+    "generic": Dialect(
+        "generic", "any other OpenAI-compatible server: only the OpenAI fields are sent",
+        extra_fields={}, defaults={"temperature": 1.0, "top_p": 1.0},
+        sampling=SamplingCode("adapters.sampling.dialect", {"dialect": "generic"})),
+}
+
+CANONICAL_PARAMS = tuple(n for n in names() if n != "do_sample")  # do_sample is how temperature is sent
+
+
+def markdown_table() -> str:
+    """The dialect table as Markdown (for the README)."""
+    header = "| param | " + " | ".join(DIALECTS) + " |\n|---|" + "---|" * len(DIALECTS) + "\n"
+    rows = []
+    for param in CANONICAL_PARAMS:
+        cells = []
+        for d in DIALECTS.values():
+            how = d.handling(param)
+            sent = OPENAI_FIELDS.get(param) or d.extra_fields.get(param)
+            cell = {"honours": f"honours (`{sent}`)", "ignores": "accepts, ignores (warning)",
+                    "rejects": "rejects: not sent (warning)"}[how]
+            if param in d.defaults:
+                cell += f"; unset: {d.defaults[param]}"
+            cells.append(cell)
+        rows.append(f"| {param} | " + " | ".join(cells) + " |")
+    extras = [("endpoint for token-level comparison", lambda d: d.default_endpoint),
+              ("token-id prompts", lambda d: "yes" if d.token_id_prompts else "on /generate" if d.generate_fields
+               else "no"),
+              ("returns token ids", lambda d: ", ".join(d.token_id_fields) or ("on /generate; elsewhere mapped back "
+               "with the tokenizer" if d.generate_fields else "no: mapped back with the tokenizer")),
+              ("notes", lambda d: d.notes)]
+    rows += [f"| {label} | " + " | ".join(fn(d) for d in DIALECTS.values()) + " |" for label, fn in extras]
+    return header + "\n".join(rows) + "\n"

@@ -1,0 +1,1 @@
+"""Each engine's own sampling code, called without weights: effective params and the sampler transplant."""

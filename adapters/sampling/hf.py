@@ -1,0 +1,116 @@
+"""HF transformers' own sampling code, without running the model: the generation config generate() will really use
+(explicit kwargs > the model folder's generation_config.json > HF's global defaults, merged by HF's own
+_prepare_generation_config), the logits processors it builds from it, and those processors applied to given logits
+(the sampler transplant). A model on the meta device carries the config, so no weights are loaded."""
+
+from __future__ import annotations
+
+import contextlib
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from adapters.engines.hf import translate
+from adapters.sampling.common import settings_table, source_of
+from harness.scenario.vocabulary import GREEDY_IRRELEVANT, SHAPING, SamplingParams
+from harness.types import Effective
+
+DISTRIBUTIONS = ("transformers",)
+SOURCED = (*SHAPING, "max_new_tokens", "min_new_tokens")  # the fields whose source (request or file) is reported
+
+
+@lru_cache(maxsize=4)
+def meta_model(model_path: Path) -> Any:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    with contextlib.suppress(OSError):  # no generation_config.json: HF's defaults apply
+        model.generation_config = GenerationConfig.from_pretrained(model_path)  # from_config does not read it
+    return model
+
+
+def _generate_kwargs(native: dict[str, Any]) -> dict[str, Any]:
+    """The adapter's native params minus what is not a generation-config field."""
+    return {k: v for k, v in native.items() if k not in ("torch_manual_seed", "stop_strings")}
+
+
+def merged_config(model: Any, native: dict[str, Any]) -> Any:
+    config, _ = model._prepare_generation_config(None, **_generate_kwargs(native))
+    return config
+
+
+def effective(model_path: Path, params: SamplingParams, dtype: str) -> Effective:
+    native = translate(params).native_params
+    try:
+        model = meta_model(model_path)
+        config = merged_config(model, native)
+        config.validate(strict=True)
+    except ValueError as exc:
+        return Effective.refused("hf", str(exc).splitlines()[0])
+    json_config = model.generation_config.to_diff_dict()
+    sources = {}
+    for field in SOURCED:
+        sources[field] = source_of(field, native, json_config)
+    sampling = bool(config.do_sample)
+    return Effective(
+        decoding="sampling" if sampling else "greedy",
+        temperature=config.temperature if sampling else None, top_k=config.top_k if sampling else None,
+        top_p=config.top_p if sampling else None, min_p=config.min_p if sampling else None,
+        repetition_penalty=config.repetition_penalty,
+        repetition_scope="prompt and output tokens",
+        frequency_penalty=None, presence_penalty=None,
+        max_new_tokens=config.max_new_tokens, min_new_tokens=config.min_new_tokens or 0,
+        seed=native.get("torch_manual_seed"), logits_dtype="float32",
+        processors=processor_names(model, config, [1]), sources=sources,
+        extra=settings_table(model_path, lambda key, value: _applies(config, key)),
+        notes=[f"{f}={json_config[f]} from the model's generation_config.json"
+               for f, s in sources.items() if s == "generation_config.json"
+               and (sampling or f not in GREEDY_IRRELEVANT)])
+
+
+def _applies(config: Any, key: str) -> tuple[str, str]:
+    """HF merges every generation_config.json field into the config generate() uses; one it does not know is kept
+    but unused."""
+    from transformers import GenerationConfig
+
+    if not hasattr(GenerationConfig(), key):
+        return "no", "not a transformers generation setting: kept in the config, never used"
+    return "yes", f"generate() uses {key}={getattr(config, key)!r}"
+
+
+def processors(model: Any, config: Any, prompt_ids: list[int]) -> Any:
+    import torch
+
+    config._eos_token_tensor = None
+    model._prepare_special_tokens(config, kwargs_has_attention_mask=True, device="cpu")
+    prompt = torch.tensor([prompt_ids])
+    return model._get_logits_processor(generation_config=config, input_ids_seq_length=len(prompt_ids),
+                                       encoder_input_ids=prompt, device="cpu", model_kwargs={})
+
+
+def processor_names(model: Any, config: Any, prompt_ids: list[int]) -> list[str]:
+    return [type(p).__name__ for p in processors(model, config, prompt_ids)]
+
+
+def transplant(model_path: Path, params: SamplingParams, logits: Any, token_ids: list[int], prompt_len: int,
+               record: Any) -> None:
+    """Run HF's processors over the reference logits of each generated step, as generate() would: logits upcast to
+    float32, then the processor list (penalties always; temperature and truncation when sampling). `record` gets
+    each step's processed scores and the operations' outputs for hazard checks."""
+    import torch
+
+    native = translate(params).native_params
+    model = meta_model(model_path)
+    config = merged_config(model, native)
+    chain = processors(model, config, token_ids[:prompt_len])
+    for step in range(logits.shape[0]):
+        context = torch.tensor([token_ids[: prompt_len + step]])
+        scores = logits[step : step + 1].to(torch.float32)
+        record.op(step, "upcast to float32", scores)
+        for processor in chain:
+            scores = processor(context, scores)
+            record.op(step, type(processor).__name__, scores)
+        record.step(step, scores[0], sampling=bool(config.do_sample))

@@ -1,0 +1,78 @@
+"""Runs engines' own sampling code (no model weights, no generation) in the engine's interpreter:
+`python -m adapters.sampling.worker < job.json` prints one JSON document.
+
+job: {"task": "effective" | "transplant", "module": the engine's sampling module, "kwargs": {...},
+      "model_path": str, "dtype": str, "items": [...]}
+  effective items:  {"case_id", "params"}                              -> {"case_id", "effective"}
+  transplant items: {"case_id", "variant", "params", "token_ids", "prompt_len", "logits_path", "out_path"}
+                    -> {"case_id", "variant", "path", "steps", "sampling", "hazards"} or {"error"}
+The logits file is a trace (safetensors with a [positions, vocab] `logits` tensor); step s of a case uses the row
+of position prompt_len + s - 1, cast to the engine's dtype (the logits that engine's sampler would receive).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from adapters.sampling.common import Recorder
+from harness.scenario.vocabulary import SamplingParams
+
+
+def _effective(module: Any, kwargs: dict, job: dict[str, Any], params: SamplingParams) -> dict[str, Any]:
+    return module.effective(Path(job["model_path"]), params, job["dtype"], **kwargs).model_dump(mode="json")
+
+
+def effective_items(module: Any, kwargs: dict, job: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for item in job["items"]:
+        params = SamplingParams(**item["params"])
+        out.append({"case_id": item["case_id"], "effective": _effective(module, kwargs, job, params)})
+    return out
+
+
+def transplant_items(module: Any, kwargs: dict, job: dict[str, Any]) -> list[dict[str, Any]]:
+    import torch
+    from safetensors import safe_open
+
+    out = []
+    for item in job["items"]:
+        params = SamplingParams(**item["params"])
+        start, steps = item["prompt_len"] - 1, len(item["token_ids"]) - item["prompt_len"]
+        with safe_open(item["logits_path"], framework="pt") as f:
+            logits = f.get_slice("logits")[start : start + steps].to(getattr(torch, job["dtype"]))
+        record = Recorder()
+        try:
+            module.transplant(Path(job["model_path"]), params, logits, item["token_ids"], item["prompt_len"], record,
+                              **kwargs)
+        except Exception as exc:  # the engine's code refused or crashed outside a recorded op
+            out.append({"case_id": item["case_id"], "variant": item["variant"],
+                        "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400]})
+            continue
+        out.append({"case_id": item["case_id"], "variant": item["variant"], **record.save(Path(item["out_path"])),
+                    "effective": _effective(module, kwargs, job, params)})
+    return out
+
+
+def main() -> int:
+    answer = os.fdopen(os.dup(1), "w")  # engines print to stdout: keep it for the answer, send theirs to stderr
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    job = json.load(sys.stdin)
+    module = importlib.import_module(job["module"])
+    if job["task"] == "transplant" and not hasattr(module, "transplant"):
+        result = {"unavailable": getattr(module, "NO_TRANSPLANT", "no sampler code to run here")}
+    else:
+        runner = effective_items if job["task"] == "effective" else transplant_items
+        result = {"items": runner(module, job["kwargs"], job)}
+    answer.write(json.dumps(result) + "\n")
+    answer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

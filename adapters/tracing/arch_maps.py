@@ -1,0 +1,125 @@
+"""Architecture maps: which module of an engine's model yields which canonical capture point.
+
+One map per (engine family, model family). A fused module (vLLM's qkv_proj, gate_up_proj) is split into its
+canonical parts by sizes taken from the model config; vLLM's decoder layer returns (hidden, residual), whose sum
+is the residual stream HF returns. Module paths of per-layer taps are relative to the layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Tap:
+    points: tuple[str, ...]  # canonical point(s) this module yields, several when a fused output is split
+    module: str  # module path (relative to the layer for per-layer taps; "" is the layer itself)
+    take: str = "output"  # output (first element if a tuple) | input (first tensor argument) | inputs (the first
+    # len(points) tensor arguments) | sum (of a 2-tuple output) | each (element of a tuple output)
+    split: tuple[str, ...] = ()  # size names (see sizes()) splitting the last dimension into `points`
+    last_first: bool = False  # delivered in two calls, the last position's row first (vLLM's logits)
+
+
+@dataclass(frozen=True)
+class ArchMap:
+    name: str
+    layers: str  # path of the decoder layer list
+    before: tuple[Tap, ...]
+    per_layer: tuple[Tap, ...]
+    after: tuple[Tap, ...]
+    fused: tuple[str, ...] = ()  # canonical points this engine computes in a fused module, for the report
+
+
+def _t(points: str, module: str, take: str = "output", split: tuple[str, ...] = (), last_first: bool = False) -> Tap:
+    return Tap(tuple(points.split()), module, take, split, last_first)
+
+
+HF_LLAMA = ArchMap(
+    "hf-llama", "model.layers",
+    before=(_t("embeddings", "model.embed_tokens"),),
+    per_layer=(
+        _t("input_norm", "input_layernorm"),
+        _t("q", "self_attn.q_proj"), _t("k", "self_attn.k_proj"), _t("v", "self_attn.v_proj"),
+        # q_rope and k_rope are derived by the HF adapter from q, k and the model's rotary (cos, sin)
+        _t("attn", "self_attn.o_proj", "input"), _t("o_proj", "self_attn.o_proj"),
+        _t("post_norm", "post_attention_layernorm"),
+        _t("gate", "mlp.gate_proj"), _t("up", "mlp.up_proj"), _t("mlp", "mlp"),
+        _t("residual", ""),
+    ),
+    after=(_t("final_norm", "model.norm"), _t("logits", "lm_head")),
+)
+
+HF_OPT = ArchMap(
+    "hf-opt", "model.decoder.layers",
+    before=(_t("embeddings", "model.decoder.layers.0", "input"),),  # token + learned position embeddings
+    per_layer=(
+        _t("input_norm", "self_attn_layer_norm"),
+        _t("q", "self_attn.q_proj"), _t("k", "self_attn.k_proj"), _t("v", "self_attn.v_proj"),
+        _t("attn", "self_attn.out_proj", "input"), _t("o_proj", "self_attn.out_proj"),
+        _t("post_norm", "final_layer_norm"),
+        _t("up", "fc1"), _t("mlp", "fc2"),
+        _t("residual", ""),
+    ),
+    after=(_t("final_norm", "model.decoder.final_layer_norm"), _t("logits", "lm_head")),
+)
+
+# vLLM (0.32, CPU, eager): every tensor is [tokens, width]; linear layers return (output, bias); norms called with a
+# residual return (normed, residual); q and k are roped in place, so they are captured at qkv_proj's output
+# (before rope) and at attn's input (after rope).
+VLLM_LLAMA = ArchMap(
+    "vllm-llama", "model.layers",
+    before=(_t("embeddings", "model.embed_tokens"),),
+    per_layer=(
+        _t("input_norm", "input_layernorm"),
+        _t("q k v", "self_attn.qkv_proj", split=("q", "kv", "kv")),
+        _t("q_rope k_rope", "self_attn.attn", "inputs"),  # rotary_emb is one module shared by all layers
+        _t("attn", "self_attn.o_proj", "input"), _t("o_proj", "self_attn.o_proj"),
+        _t("post_norm", "post_attention_layernorm"),
+        _t("gate up", "mlp.gate_up_proj", split=("ffn", "ffn")), _t("mlp", "mlp"),
+        _t("residual", "", "sum"),
+    ),
+    # logits: the sampled (last) position's row comes first, then the prompt-logprobs rows 0..N-2
+    after=(_t("final_norm", "model.norm"), _t("logits", "logits_processor", last_first=True)),
+    fused=("q", "k", "v", "gate", "up"),
+)
+
+VLLM_OPT = ArchMap(
+    "vllm-opt", "model.decoder.layers",
+    before=(_t("embeddings", "model.decoder.layers.0", "input"),),
+    per_layer=(
+        _t("input_norm", "self_attn_layer_norm"),
+        _t("q k v", "self_attn.qkv_proj", split=("q", "kv", "kv")),
+        _t("attn", "self_attn.out_proj", "input"), _t("o_proj", "self_attn.out_proj"),
+        _t("post_norm", "final_layer_norm"),
+        _t("up", "fc1"), _t("mlp", "fc2"),
+        _t("residual", ""),
+    ),
+    after=(_t("final_norm", "model.decoder.final_layer_norm"),
+           _t("logits", "logits_processor", last_first=True)),
+    fused=("q", "k", "v"),
+)
+
+LLAMA_FAMILY = ("llama", "qwen2", "mistral")
+
+
+def by_model_type(llama: ArchMap, opt: ArchMap) -> dict[str, ArchMap]:
+    """An engine's maps keyed by HF config model_type (the Llama family shares one layout)."""
+    return {**{m: llama for m in LLAMA_FAMILY}, "opt": opt}
+
+
+def arch_map(maps: dict[str, ArchMap], model_type: str, engine: str) -> ArchMap:
+    try:
+        return maps[model_type]
+    except KeyError:
+        raise RuntimeError(f"trace: no {engine} architecture map for model type '{model_type}' "
+                           f"(known: {', '.join(sorted(maps))})") from None
+
+
+def sizes(config: Any) -> dict[str, int]:
+    """Widths used to split fused outputs, from an HF-style config: q, kv (per projection) and ffn."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    ffn = getattr(config, "intermediate_size", None) or config.ffn_dim
+    return {"q": heads * head_dim, "kv": kv_heads * head_dim, "ffn": ffn, "head_dim": head_dim}

@@ -1,0 +1,154 @@
+"""Forward hooks that capture canonical points (harness.explain.points) from an engine's model during one
+teacher-forced pass and stream them to a TraceWriter. Which module yields which point is an architecture map
+(adapters.tracing.arch_maps); this file only knows how to hook, split fused outputs and collect rows.
+
+Hooks are registered once after the engine has loaded and stay idle (a flag check) outside a traced pass, so
+warm-up runs and ordinary generation are not captured. Engines that flatten the batch ([tokens, width], vLLM) and
+engines that keep it ([1, seq, width], HF) both end up as [positions, width]; a point delivered in several chunks
+(chunked prefill, or logits computed in two calls) is collected until it has one row per position.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from adapters.tracing.arch_maps import ArchMap, Tap
+from adapters.tracing.writer import TraceWriter
+from harness.explain.points import layer_point
+from harness.types import TraceRequest, TraceResult
+
+Derive = Callable[[str, Any], list[tuple[str, Any]]]  # (point name, tensor) -> extra points computed from it
+
+
+class Capture:
+    def __init__(self, model: Any, arch: ArchMap, sizes: dict[str, int], num_layers: int,
+                 derive: Derive | None = None):
+        self.model, self.arch, self.sizes, self.num_layers = model, arch, sizes, num_layers
+        self.derive = derive
+        self.writer: TraceWriter | None = None
+        self.only: set[str] | None = None
+        self.positions = 0
+        self.pending: dict[str, list[Any]] = {}
+        self.handles: list[Any] = []
+        self._attach()
+
+    def _attach(self) -> None:
+        modules = dict(self.model.named_modules())
+        for tap in self.arch.before + self.arch.after:
+            self._hook(modules, tap, tap.module, tap.points)
+        for layer in range(self.num_layers):
+            prefix = f"{self.arch.layers}.{layer}"
+            for tap in self.arch.per_layer:
+                path = f"{prefix}.{tap.module}" if tap.module else prefix
+                self._hook(modules, tap, path, tuple(layer_point(layer, p) for p in tap.points))
+
+    def _hook(self, modules: dict[str, Any], tap: Tap, path: str, names: tuple[str, ...]) -> None:
+        module = modules.get(path)
+        if module is None:
+            raise RuntimeError(f"trace: the model has no module {path} (architecture map {self.arch.name})")
+        if tap.take in ("input", "inputs"):
+            self.handles.append(module.register_forward_pre_hook(
+                lambda _m, args, names=names, tap=tap: self._on_inputs(tap, names, args)))
+        else:
+            self.handles.append(module.register_forward_hook(
+                lambda _m, _args, output, names=names, tap=tap: self._on_output(tap, names, output)))
+
+    def _on_output(self, tap: Tap, names: tuple[str, ...], output: Any) -> None:
+        if self.writer is None:
+            return
+        if tap.take == "sum":
+            self._on_tensor(tap, names, output[0] + output[1])
+        elif tap.take == "each":
+            for name, tensor in zip(names, output, strict=False):
+                self._emit(name, tensor)
+        else:
+            self._on_tensor(tap, names, output[0] if isinstance(output, (tuple, list)) else output)
+
+    def _on_inputs(self, tap: Tap, names: tuple[str, ...], args: tuple) -> None:
+        if self.writer is None:
+            return
+        tensors = [a for a in args if hasattr(a, "shape")]
+        if tap.take == "input":
+            self._on_tensor(tap, names, tensors[0])
+            return
+        for name, tensor in zip(names, tensors, strict=False):
+            self._emit(name, tensor)
+
+    def _on_tensor(self, tap: Tap, names: tuple[str, ...], tensor: Any) -> None:
+        if self.writer is None:
+            return
+        if not tap.split:
+            self._emit(names[0], tensor, tap.last_first)
+            return
+        sizes = [self.sizes[s] for s in tap.split]
+        for name, part in zip(names, tensor.split(sizes, dim=-1), strict=False):
+            self._emit(name, part)
+
+    def _emit(self, name: str, tensor: Any, last_first: bool = False) -> None:
+        if self.only is not None and name not in self.only:
+            return
+        rows = tensor[0] if tensor.dim() == 3 and tensor.shape[0] == 1 else tensor  # HF keeps a batch of 1
+        rows = rows.reshape(rows.shape[0], -1)  # [tokens, heads, dim] -> [tokens, heads*dim]
+        chunks = self.pending.setdefault(name, [])
+        if not chunks and rows.shape[0] >= self.positions:
+            full = rows  # the usual case: every position in one call
+        else:
+            chunks.append(rows.detach().clone())  # the engine may reuse its buffer before the next chunk
+            if sum(c.shape[0] for c in chunks) < self.positions:
+                return
+            import torch
+
+            full = torch.cat(chunks[1:] + chunks[:1] if last_first else chunks, dim=0)
+        del self.pending[name]
+        if full.shape[0] != self.positions:
+            raise RuntimeError(f"trace: {name} has {full.shape[0]} rows for {self.positions} positions")
+        self.writer.add(name, full)
+        if self.derive is not None:
+            for extra, value in self.derive(name, full):
+                self.writer.add(extra, value)
+
+    def begin(self, writer: TraceWriter, positions: int, only: list[str] | None = None) -> None:
+        self.writer, self.positions, self.pending = writer, positions, {}
+        self.only = set(only) if only is not None else None
+
+    def end(self) -> None:
+        incomplete = {name: sum(c.shape[0] for c in chunks) for name, chunks in self.pending.items()}
+        self.writer, self.pending = None, {}
+        if incomplete:
+            raise RuntimeError(f"trace: points captured for only part of the positions: {incomplete}")
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+def trace_path(workdir: Path, case_id: str) -> Path:
+    folder = workdir / "traces"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{re.sub(r'[^A-Za-z0-9_.=,-]+', '_', case_id)}.safetensors"
+
+
+def run_traces(engine_name: str, capture: Capture, requests: list[TraceRequest], workdir: Path, store_dtype: Any,
+               forward: Callable[[list[int]], None], metadata: dict[str, str]) -> Iterator[TraceResult]:
+    """One teacher-forced pass per request, its capture points streamed to workdir/traces/<case>.safetensors."""
+    for request in requests:
+        path = trace_path(workdir, request.case_id)
+        writer = TraceWriter(path, store_dtype)
+        capture.begin(writer, len(request.token_ids), request.points)
+        started = time.perf_counter()
+        try:
+            forward(request.token_ids)
+            capture.end()
+        except BaseException:
+            capture.writer = None
+            writer.discard()
+            raise
+        points = writer.close({**metadata, "arch": capture.arch.name, "fused": ",".join(capture.arch.fused),
+                               "case_id": request.case_id, "prompt_len": str(request.prompt_len)})
+        yield TraceResult(case_id=request.case_id, engine=engine_name, status="ok", path=str(path), points=points,
+                          nonfinite=writer.nonfinite, timings={"trace_s": time.perf_counter() - started})

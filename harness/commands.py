@@ -1,0 +1,187 @@
+"""The bodies of the engine-running CLI commands: run the data flow, print what a person needs to read.
+
+Each takes an already loaded scenario (parsed once per command) and a Selection (the shared --engines, --case,
+--allow-missing options) and returns the command's exit code or outcome.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rich.markup import escape
+
+from harness.errors import EXIT_INTERRUPTED
+from harness.report.console import EngineProgress, console, print_table
+from harness.run.execute import RunOutcome, Selection, execute
+from harness.scenario.spec import LoadedScenario
+
+
+def _note(kind: str, text: str) -> None:
+    console.print(f"[yellow]{kind}[/] {escape(text)}", highlight=False)
+
+
+def run_and_print(scenario: LoadedScenario, out: Path, selection: Selection, parallel: int | None) -> RunOutcome:
+    from harness.report.summary import print_verdicts
+
+    progress = EngineProgress()
+
+    def on_start(ran: LoadedScenario, run_dir: Path) -> None:
+        console.print(f"{ran.name}: {len(ran.cases)} cases x {len(ran.spec.engines)} engines -> {run_dir}",
+                      markup=False, highlight=False)
+        progress.start(list(ran.spec.engines), len(ran.cases))
+
+    try:
+        outcome = execute(scenario, out, selection, parallel, progress.event, on_start)
+    finally:
+        progress.stop()
+    if not outcome.verdicts.empty:
+        print_verdicts(outcome.verdicts, outcome.scenario.spec.reference)
+    for name, warnings in outcome.warnings.items():
+        for warning in warnings:
+            _note("warning", f"{name}: {warning}")
+    for name, reason in outcome.skipped.items():
+        _note("skipped", f"{name}: {reason}")
+    for cases, text in outcome.effective_differences:
+        _note("effective params differ", f"({', '.join(cases)}): {text}")
+    state = "INTERRUPTED" if outcome.interrupted else "PASS" if outcome.exit_code == 0 else "FAIL"
+    console.print(f"{state}: {outcome.scenario.name} (exit {outcome.exit_code}); report: "
+                  f"{outcome.run_dir / 'summary.md'}", markup=False, highlight=False)
+    return outcome
+
+
+def explain_and_print(scenario: LoadedScenario, out: Path, selection: Selection, k: float | None,
+                      parallel: int | None) -> int:
+    from harness.explain.orchestrate import explain_run
+    from harness.explain.report import localisation_lines
+
+    outcome = run_and_print(scenario, out, selection, parallel)
+    if outcome.interrupted:
+        return EXIT_INTERRUPTED
+    progress = EngineProgress()
+
+    def on_start(names: list[str], cases: list[str]) -> None:
+        console.print(f"explain: tracing {len(cases)} case(s) in {', '.join(names)}", markup=False, highlight=False)
+        progress.start(names, len(cases))
+
+    workers = parallel or max(1, (os.cpu_count() or 1) // outcome.scenario.spec.threads)
+    try:
+        result = explain_run(outcome, selection.cases, k, workers, progress.event, on_start)
+    finally:
+        progress.stop()
+    for note in result.notes:
+        _note("note", note)
+    for loc in result.localisations:
+        for line in localisation_lines(loc.model_dump()):
+            console.print(line, highlight=False, markup=False)
+    console.print(f"explain: {result.explain_dir / 'summary.md'}", highlight=False, markup=False)
+    return EXIT_INTERRUPTED if result.interrupted else outcome.exit_code
+
+
+def transplant_and_print(scenario: LoadedScenario, out: Path, selection: Selection) -> int:
+    """Only the reference generates; every selected engine's sampling code runs on its logits (an engine whose
+    package is missing from its interpreter stops the command, or is skipped with --allow-missing)."""
+    from harness.run.plan import select_engines, unavailable_engines
+    from harness.semantics import effective
+    from harness.semantics.transplant import transplant_run
+
+    chosen = scenario.with_cases(selection.cases)
+    names = select_engines(chosen, selection.engines)
+    skipped = unavailable_engines(chosen, names, selection.allow_missing, device=False)
+    names = [n for n in names if n not in skipped]
+    rejected = effective.rejections(chosen, names)
+    reference_only = Selection(engines=[scenario.spec.reference], cases=selection.cases)
+    outcome = run_and_print(scenario, out, reference_only, None)
+    if outcome.interrupted:
+        return EXIT_INTERRUPTED
+    progress = EngineProgress()
+    progress.start([scenario.spec.reference], len(outcome.scenario.cases))
+    try:
+        result = transplant_run(outcome, chosen, names, rejected, progress.event)
+    finally:
+        progress.stop()
+    for name, reason in skipped.items():
+        _note("skipped", f"{name}: {reason}")
+    for verdict in result.verdicts:
+        console.print(f"{verdict.case_id} [{verdict.engine} vs {verdict.reference}]: {verdict.cause}", markup=False,
+                      highlight=False)
+        console.print(f"  {verdict.verdict}", markup=False, highlight=False)
+    console.print(f"transplant: {result.out_dir / 'verdicts.json'}", highlight=False, markup=False)
+    if result.interrupted:
+        return EXIT_INTERRUPTED
+    return 0 if all(v.cause == "agree" for v in result.verdicts) else 1
+
+
+def params_and_print(scenario: LoadedScenario, selection: Selection, all_rows: bool) -> int:
+    from harness.run.plan import select_engines, unavailable_engines
+    from harness.semantics import effective
+
+    names = select_engines(scenario, selection.engines, need_reference=False)
+    skipped = unavailable_engines(scenario, names, selection.allow_missing, need_reference=False, device=False)
+    names = [n for n in names if n not in skipped]
+    with console.status("running each engine's sampling code"):
+        table = effective.compute(scenario, names)
+    rejected = False
+    for cases, by_engine in effective.case_groups(scenario, names, table):
+        headers = ["param", *[f"{n} ({scenario.spec.engines[n].engine})" for n in names], "differs"]
+        rows = [[field, *values, "DIFFERS" if differs else ""]
+                for field, values, differs in effective.table_rows(by_engine, all_rows)]
+        styles = [[""] * (len(headers) - 1) + ["bold red"] for _ in rows]
+        print_table(f"effective params: {scenario.name}, case(s) {', '.join(cases)}", headers, rows, styles)
+        for name, e in by_engine.items():
+            for note in e.notes:
+                console.print(f"  {name}: {note}", highlight=False, markup=False)
+        rejected |= any(e.rejected for e in by_engine.values())
+    for name, reason in skipped.items():
+        _note("skipped", f"{name}: {reason}")
+    return 2 if rejected else 0
+
+
+def gate_and_print(scenarios: list[LoadedScenario], baseline: Path, out: Path, selection: Selection,
+                   parallel: int | None, junit: Path | None, summary: Path | None) -> int:
+    from harness.compare import baseline as baselines
+    from harness.compare.gate import DEFAULT_LOGPROB_TOLERANCE, judge_run
+    from harness.report.ci import write_outputs
+
+    for scenario in scenarios:  # a missing baseline is a config error before anything runs
+        baselines.load(baseline, scenario.name)
+    cases = []
+    for scenario in scenarios:
+        outcome = run_and_print(scenario, out, selection, parallel)
+        if outcome.interrupted:
+            return EXIT_INTERRUPTED
+        expected = {(r.engine, r.case_id): (bool(r.expected), r.explanation) for r in outcome.verdicts.itertuples()}
+        tolerances = {name: scenario.spec.engine_expectation(name).max_logprob_delta or DEFAULT_LOGPROB_TOLERANCE
+                      for name in scenario.spec.engines}
+        cases += judge_run(outcome.run_dir, baseline, expected, tolerances)
+    for line in write_outputs(cases, junit, summary):
+        print(line)
+    failed = [c for c in cases if not c.passed]
+    for case in failed:
+        console.print(f"REGRESSION {case.scenario} {case.case_id} [{case.engine}]: {'; '.join(case.failures)}",
+                      style="red", highlight=False, markup=False)
+    console.print(f"gate: {'FAIL' if failed else 'PASS'} ({len(cases) - len(failed)}/{len(cases)} case results "
+                  f"passed)", highlight=False)
+    return 1 if failed else 0
+
+
+def engines_and_print() -> None:
+    from adapters import registry
+
+    rows, styles = [], []
+    for name, description in registry.descriptions().items():
+        requirement = description.requirement
+        reason = registry.check_available(name)
+        installed = registry.installed_version(requirement) or "-"
+        pinned = registry.pinned_version(requirement) or "any"
+        caps = description.capabilities
+        can = [c for c, on in (("logprobs", caps.logprobs), ("traces", caps.traces), ("samples", caps.samples),
+                               ("server", caps.server), ("sampling code", description.sampling is not None)) if on]
+        rows.append([name, "yes" if reason is None else f"no: {reason}",
+                     f"{requirement.distribution} {installed} (pinned {pinned})", ", ".join(can),
+                     ", ".join(caps.dtypes), description.summary])
+        styles.append(["", "green" if reason is None else "red", "", "", "", ""])
+    for plugin in registry.broken_plugins():
+        rows.append([plugin.name, f"no: plugin {plugin.target} did not load: {plugin.error}", "-", "", "", ""])
+        styles.append(["", "red", "", "", "", ""])
+    print_table("engines", ["engine", "available", "package", "can", "dtypes", "description"], rows, styles)

@@ -1,0 +1,73 @@
+"""Baselines: what a gate compares a new run against, one diff-friendly JSON-lines file per scenario.
+
+baselines/NAME/<scenario>.jsonl: a header line (scenario, source run, engine versions), then one line per case and
+engine: status, token ids, chosen-token logprobs (rounded to 1e-6), top-k ids, verdict vs the reference and its
+first divergence step. A change in one case changes one line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.compare.verdicts import COLUMNS
+from harness.errors import ConfigError
+from harness.run.store import RESULT_COLUMNS, STEP_COLUMNS, read_meta, read_parquet, write_atomic
+
+
+def _round(values) -> list[float]:
+    return [round(float(v), 6) for v in values]
+
+
+def records_from_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The header and per-(case, engine) records of a finished run directory."""
+    meta = read_meta(run_dir)
+    if meta.status != "finished":
+        raise ConfigError(f"{run_dir}: the run is {meta.status}: save a baseline from a finished run")
+    results = read_parquet(run_dir, "results.parquet", RESULT_COLUMNS)
+    steps = read_parquet(run_dir, "steps.parquet", STEP_COLUMNS)
+    verdicts = read_parquet(run_dir, "verdicts.parquet", COLUMNS, required=False)
+    verdicts = (verdicts if verdicts is not None else pd.DataFrame(columns=COLUMNS)).set_index(["engine", "case_id"])
+    per_case = {key: group for key, group in steps.groupby(["engine", "case_id"], sort=False)}
+    records = []
+    for row in results.itertuples():
+        key = (row.engine, row.case_id)
+        step_rows = per_case.get(key)
+        verdict = verdicts.loc[key] if key in verdicts.index else None
+        records.append({
+            "case_id": row.case_id, "engine": row.engine, "status": row.status, "error": row.error,
+            "token_ids": [int(t) for t in row.token_ids],
+            "chosen_logprobs": _round(step_rows.chosen_logprob) if step_rows is not None else [],
+            "top_ids": [[int(t) for t in ids] for ids in step_rows.top_ids] if step_rows is not None else [],
+            "verdict": verdict.verdict if verdict is not None else "reference",
+            "first_divergence": int(verdict.first_divergence) if verdict is not None
+            and pd.notna(verdict.first_divergence) else -1,
+        })
+    header = {"scenario": meta.scenario_name, "run_id": meta.run_id, "reference": meta.reference,
+              "versions": {name: e.versions for name, e in meta.engines.items()}}
+    return header, records
+
+
+def save(run_dir: Path, to: Path) -> Path:
+    header, records = records_from_run(run_dir)
+    to.mkdir(parents=True, exist_ok=True)
+    path = to / f"{header['scenario']}.jsonl"
+    lines = [json.dumps(header, sort_keys=True)] + [json.dumps(r, sort_keys=True) for r in records]
+    write_atomic(path, "\n".join(lines) + "\n")
+    return path
+
+
+def load(baseline_dir: Path, scenario_name: str) -> tuple[dict[str, Any], dict[tuple[str, str], dict[str, Any]]]:
+    path = baseline_dir / f"{scenario_name}.jsonl"
+    if not path.exists():
+        raise ConfigError(f"{path}: no baseline for scenario '{scenario_name}': save one with "
+                          f"`parity baseline save RUN_DIR --to {baseline_dir}`")
+    lines = path.read_text().splitlines()
+    try:
+        header, records = json.loads(lines[0]), [json.loads(line) for line in lines[1:] if line.strip()]
+    except (ValueError, IndexError) as exc:
+        raise ConfigError(f"{path}: not a baseline file ({exc}): save it again with `parity baseline save`") from None
+    return header, {(r["engine"], r["case_id"]): r for r in records}

@@ -1,0 +1,175 @@
+"""From per-point errors (engine vs reference, with the noise floor) to a localisation in plain words: where the
+engines' computations part, which component that implicates, and why the tokens differ.
+
+Candidate causes, checked in this order: prompt/tokenisation (prompt ids differ), numerical hazard (inf/NaN), the
+first capture point that leaves the noise floor (fused projection, attention kernel, rope, MLP, norm, ...), sampler
+or penalty semantics (logits agree within noise but tokens differ), a near-tie (both within noise, the top-2 logits
+of the two engines rank the tokens differently by a hair), or no difference at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, Field
+
+from harness.explain.points import COMPONENT, parse
+
+Decode = Callable[[int], str]
+
+
+class Divergence(BaseModel):
+    """The first step where the generated tokens differ, seen two ways: as generated (each engine's raw top-2 and
+    margin from its own run, KV cache and all) and teacher-forced (both engines' raw logits from one full pass over
+    the same tokens, the pass the capture points come from)."""
+
+    step: int
+    ref_token: int
+    engine_token: int
+    ref_top: list[int]
+    ref_margin: float
+    engine_top: list[int]
+    engine_margin: float
+    ref_took_argmax: bool  # the chosen token is (tied with) the top of the engine's own raw logits
+    engine_took_argmax: bool
+    position: int
+    forced_ref_top: list[int]
+    forced_ref_margin: float
+    forced_engine_top: list[int]
+    forced_engine_margin: float
+
+    @property
+    def picked_after_logits(self) -> bool:
+        """An engine chose a token other than its raw argmax: penalties, sampling or the sampler decided."""
+        return not (self.ref_took_argmax and self.engine_took_argmax)
+
+
+class Localisation(BaseModel):
+    case_id: str
+    engine: str
+    reference: str
+    cause: str  # prompt | hazard | component | sampler | near_tie | none | no_trace | untraced
+    verdict: str
+    first_step: int | None = None
+    divergence: dict[str, Any] | None = None
+    first_difference: dict[str, Any] | None = None
+    out_of_floor: dict[str, Any] | None = None
+    curve: list[dict[str, Any]] = Field(default_factory=list)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def _where(point: str) -> str:
+    layer, name = parse(point)
+    return name if layer < 0 or layer >= 10**6 else f"layer {layer} {name}"
+
+
+def candidate_cause(point: str, component: str, fused_ref: set[str], fused_engine: set[str],
+                    reference: str, engine: str) -> str:
+    """The component a point implicates, naming a fusion when one engine fuses that projection and the other not."""
+    name = parse(point)[1]
+    if name in fused_ref ^ fused_engine:
+        fuser, other = (engine, reference) if name in fused_engine else (reference, engine)
+        parts = "q, k and v" if name in ("q", "k", "v") else "gate and up"
+        return (f"fused projection: {fuser} computes {parts} in one fused matmul, {other} in separate ones "
+                f"({component})")
+    return component
+
+
+def jump(points: pd.DataFrame, index: int) -> float:
+    """How much a point's error exceeds the largest error among what feeds it: the points before it in its layer
+    and the residual stream entering the layer."""
+    row = points.iloc[index]
+    before = points.iloc[:index]
+    same_layer = before[before["layer"] == row["layer"]]["error"]
+    incoming = before[before["point"].str.endswith(".residual") | (before["point"] == "embeddings")]["error"].tail(1)
+    inputs = pd.concat([same_layer, incoming]).max() if index else 0.0
+    return float(row["error"] / inputs) if inputs and inputs > 0 else float("inf")
+
+
+def error_curve(points: pd.DataFrame) -> list[dict[str, Any]]:
+    residual = points[points["point"].str.endswith(".residual")]
+    return [{"layer": int(r.layer), "error": float(r.error), "floor": float(r.floor)} for r in residual.itertuples()]
+
+
+def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str, prompt_equal: bool,
+             divergence: Divergence | None, nonfinite: dict[str, dict[str, int]], fused: dict[str, set[str]],
+             param_note: str, k: float, decode: Decode) -> Localisation:
+    """points: against_floor() output for this engine vs the reference, in forward order."""
+    base = dict(case_id=case_id, engine=engine, reference=reference,
+                first_step=divergence.step if divergence else None,
+                divergence=divergence.model_dump() if divergence else None, curve=error_curve(points))
+    differs = points[points["error"] > 0]
+    if len(differs):
+        first = differs.iloc[0]
+        base["first_difference"] = {"point": first["point"], "error": float(first["error"])}
+    step_note = _step_note(divergence, decode, engine) if divergence else "The generated tokens agree"
+
+    if not prompt_equal:
+        return Localisation(cause="prompt", verdict="prompt token ids differ between the engines: a tokenisation or "
+                            "chat-template difference, not a numerical one", **base)
+    hazard = _hazard(nonfinite, points)
+    if hazard:
+        return Localisation(cause="hazard", verdict=hazard, **base)
+    out = points[points["leaves_floor"]]
+    if len(out):
+        index = int(np.flatnonzero(points["leaves_floor"].to_numpy())[0])
+        row = points.iloc[index]
+        cause = candidate_cause(row["point"], row["component"], fused.get(reference, set()),
+                                fused.get(engine, set()), reference, engine)
+        grew = jump(points, index)
+        base["out_of_floor"] = {"point": row["point"], "layer": int(row["layer"]), "component": row["component"],
+                                "cause": cause, "error": float(row["error"]), "floor": float(row["floor"]),
+                                "ratio": float(row["ratio"]), "jump": grew, "position": int(row["worst_position"])}
+        origin = ("its inputs agree exactly, so the difference starts here" if grew == float("inf")
+                  else f"{_fmt(grew)}x the error of its inputs")
+        verdict = (f"{_where(row['point'])} leaves the noise floor first: relative error {_fmt(row['error'])} is "
+                   f"{_fmt(row['ratio'])}x the floor ({_fmt(row['floor'])}; threshold {k:g}x), {origin}. Candidate "
+                   f"cause: {cause}. {step_note}.")
+        return Localisation(cause="component", verdict=verdict, **base)
+    worst = points.loc[points["ratio"].idxmax()]
+    within = (f"every capture point stays within the noise floor (largest: {_where(worst['point'])} at "
+              f"{_fmt(worst['ratio'])}x the floor)")
+    first = base.get("first_difference")
+    drift = (f"; the engines first differ at {_where(first['point'])} ({COMPONENT.get(parse(first['point'])[1])})"
+             if first else "; the engines' activations are bit-identical")
+    if divergence is None:
+        return Localisation(cause="none", verdict=f"no divergence: {within}{drift}", **base)
+    if divergence.picked_after_logits:
+        d = divergence
+        verdict = (f"logits agree within noise but tokens differ: {within}; at step {d.step} the reference's raw "
+                   f"logits rank {decode(d.ref_top[0])!r} first and it chose {decode(d.ref_token)!r}, {engine}'s "
+                   f"rank {decode(d.engine_top[0])!r} first and it chose {decode(d.engine_token)!r}: the tokens "
+                   "were picked after the logits, so the difference is in the sampler or penalty semantics")
+        return Localisation(cause="sampler", verdict=verdict + (f"; {param_note}" if param_note else ""), **base)
+    verdict = (f"near-tie: {step_note[0].lower()}{step_note[1:]}; {within}{drift}; a drift this small flips only "
+               "near-tied tokens")
+    return Localisation(cause="near_tie", verdict=verdict, **base)
+
+
+def _step_note(d: Divergence, decode: Decode, engine: str) -> str:
+    ref_tok, engine_tok = decode(d.ref_token), decode(d.engine_token)
+    if d.picked_after_logits:
+        return (f"Tokens first differ at step {d.step} ({ref_tok!r} vs {engine_tok!r}), where the raw logits rank "
+                f"{decode(d.ref_top[0])!r} and {decode(d.engine_top[0])!r} first")
+    forced = ("teacher-forced, both rank the same token first" if d.forced_ref_top[0] == d.forced_engine_top[0]
+              else f"teacher-forced, the margins are {_fmt(d.forced_ref_margin)} and {_fmt(d.forced_engine_margin)}")
+    return (f"Tokens first differ at step {d.step}: the reference's logits put {ref_tok!r} on top with a margin of "
+            f"{_fmt(d.ref_margin)} nats, {engine}'s put {engine_tok!r} on top with {_fmt(d.engine_margin)} nats "
+            f"({forced})")
+
+
+def _hazard(nonfinite: dict[str, dict[str, int]], points: pd.DataFrame) -> str:
+    order = {p: i for i, p in enumerate(points["point"])}
+    found = [(order.get(point, len(order)), point, engine, count)
+             for engine, bad in nonfinite.items() for point, count in bad.items()]
+    if not found:
+        return ""
+    _, point, engine, count = min(found)
+    return (f"numerical hazard: {engine} produces {count} inf/NaN value(s), first at {_where(point)}; everything "
+            "after it is poisoned")

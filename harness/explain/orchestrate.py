@@ -1,0 +1,223 @@
+"""`parity explain`: after a run, feed each chosen case's reference token sequence (prompt + the reference's
+generated tokens) to every traceable engine and to the reference in higher precision (the noise floor), capture every
+canonical point, compare point by point and localise where and why the engines part.
+
+Writes into the run directory: engines/<name>/traces/<case>.safetensors (the captures), and explain/ with
+errors.parquet (per case, engine, point and position), points.parquet (per point: error, floor, ratio, whether it
+leaves the floor), localisation.json and summary.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from adapters import registry
+from harness import models
+from harness.compare.own_top1 import TIE
+from harness.errors import ConfigError
+from harness.explain.localise import Divergence, Localisation, localise
+from harness.explain.trace_diff import Trace, against_floor, compare_traces, summarize, top2
+from harness.run.execute import RunOutcome
+from harness.run.executor import Progress, run_engines
+from harness.run.plan import engine_plan
+from harness.run.store import write_json, write_parquet
+from harness.scenario.prompts import load_tokenizer
+from harness.semantics.meaning import explain_differences, param_differences
+from harness.types import TraceRequest, TraceResult
+
+FLOOR_DTYPE = {"float32": "float64", "bfloat16": "float32", "float16": "float32"}
+
+
+@dataclass
+class ExplainOutcome:
+    localisations: list[Localisation]
+    explain_dir: Path
+    notes: list[str]
+    interrupted: bool
+
+
+def choose_cases(outcome: RunOutcome, requested: list[str] | None) -> list[str]:
+    """The requested cases, else every case some engine did not match on, else the first case."""
+    all_ids = [c.case_id for c in outcome.scenario.cases]
+    if requested:
+        unknown = [c for c in requested if c not in all_ids]
+        if unknown:
+            raise ConfigError(f"--case: {unknown} not in {outcome.scenario.path} (cases: {', '.join(all_ids)})")
+        return requested
+    verdicts = outcome.verdicts
+    off = set(verdicts.loc[verdicts["verdict"] != "match", "case_id"]) if not verdicts.empty else set()
+    return [c for c in all_ids if c in off] or all_ids[:1]
+
+
+def floor_dtype(reference_engine: str, dtype: str) -> str | None:
+    """The higher precision the reference runs in for the noise floor; None when that engine cannot run it."""
+    higher = FLOOR_DTYPE[dtype]
+    return higher if higher in registry.describe(reference_engine).capabilities.dtypes else None
+
+
+def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None, parallel: int,
+                progress: Progress,
+                on_start: Callable[[list[str], list[str]], None] = lambda names, cases: None) -> ExplainOutcome:
+    scenario, run_dir = outcome.scenario, outcome.run_dir
+    spec, ref = scenario.spec, scenario.spec.reference
+    k = k or spec.explain.k
+    cases = choose_cases(outcome, case_ids)
+    results = pd.read_parquet(run_dir / "results.parquet").set_index(["engine", "case_id"])
+    steps = pd.read_parquet(run_dir / "steps.parquet").set_index(["engine", "case_id", "step"])
+    notes: list[str] = []
+    requests = []
+    for case_id in cases:
+        row = results.loc[(ref, case_id)]
+        if row["status"] != "ok":
+            notes.append(f"{case_id}: not explained: the reference failed ({row['error']})")
+            continue
+        ids = [int(t) for t in (*row["prompt_ids"], *row["token_ids"])]
+        requests.append(TraceRequest(case_id=case_id, token_ids=ids, prompt_len=len(row["prompt_ids"])))
+    traceable = [n for n in spec.engines if registry.describe(spec.engines[n].engine).capabilities.traces]
+    notes += [f"{n}: not traced ({spec.engines[n].engine} engines cannot capture activations): its verdict-level "
+              "reasoning is given instead" for n in spec.engines if n not in traceable]
+    if ref not in traceable:
+        able = [name for name, d in registry.descriptions().items() if d.capabilities.traces]
+        raise ConfigError(f"explain needs a reference engine that can be traced ({', '.join(able)}); '{ref}' is "
+                          f"{spec.engines[ref].engine}: make one of those the reference")
+    dtype = spec.engine_dtype(ref)
+    high = floor_dtype(spec.engines[ref].engine, dtype)
+    floor_name = f"{ref}@{high}" if high else None
+    plans = [engine_plan(scenario, n, run_dir, requests, op="trace") for n in traceable]
+    if high:
+        plans.append(engine_plan(scenario, ref, run_dir, requests, op="trace", dtype=high, plan_name=floor_name))
+    else:
+        notes.append(f"noise floor: {spec.engines[ref].engine} cannot run float64, so the floor is float32's "
+                     "rounding unit alone")
+    on_start([p.name for p in plans], [r.case_id for r in requests])
+    outcomes, interrupted = run_engines(plans, parallel, progress)
+    traces = {(name, cid): result for name, o in outcomes.items() for cid, result in o.results.items()}
+    tokenizer = load_tokenizer(models.resolve(spec.model, dtype, str(scenario.path)))
+    decode = lambda token: tokenizer.decode([int(token)])  # noqa: E731
+
+    localisations, per_position, per_point = [], [], []
+    for request in requests:
+        ref_trace = _trace(traces.get((ref, request.case_id)))
+        if ref_trace is None:
+            notes.append(f"{request.case_id}: not explained: the reference's trace failed "
+                         f"({_error(traces.get((ref, request.case_id)))})")
+            continue
+        floor_summary = None
+        floor_trace = _trace(traces.get((floor_name, request.case_id))) if floor_name else None
+        if floor_trace is not None:
+            floor_frame = compare_traces(floor_trace, ref_trace)
+            floor_summary = summarize(floor_frame)
+            per_position.append(floor_frame.assign(case_id=request.case_id, engine=ref, compared_to=floor_name))
+        elif floor_name:
+            notes.append(f"{request.case_id}: no noise floor: {_error(traces.get((floor_name, request.case_id)))}")
+        for name in spec.engines:
+            if name == ref:
+                continue
+            if name not in traceable:
+                localisations.append(untraced(outcome, name, request.case_id))
+                continue
+            result = traces.get((name, request.case_id))
+            loc, frame, points = _explain_engine(outcome, results, steps, request, name, result,
+                                                 traces[(ref, request.case_id)], floor_summary, k, decode)
+            localisations.append(loc)
+            if frame is not None:
+                per_position.append(frame.assign(case_id=request.case_id, engine=name, compared_to=ref))
+                per_point.append(points.assign(case_id=request.case_id, engine=name))
+    explain_dir = run_dir / "explain"
+    explain_dir.mkdir(exist_ok=True)
+    if per_position:
+        write_parquet(explain_dir / "errors.parquet", pd.concat(per_position, ignore_index=True))
+    if per_point:
+        write_parquet(explain_dir / "points.parquet", pd.concat(per_point, ignore_index=True))
+    meta = {"k": k, "floor": floor_name or "dtype rounding unit", "cases": [r.case_id for r in requests],
+            "engines": {n: {"load_s": o.load_s, "versions": o.versions} for n, o in outcomes.items()},
+            "notes": notes, "localisations": [loc.model_dump() for loc in localisations]}
+    write_json(explain_dir / "localisation.json", meta)
+    from harness.explain.report import write_markdown
+
+    write_markdown(explain_dir / "summary.md", scenario.name, run_dir.name, meta, decode)
+    return ExplainOutcome(localisations, explain_dir, notes, interrupted)
+
+
+UNTRACED_CAUSE = {"match": "none", "benign_tie": "near_tie", "hazard": "hazard", "engine_error": "no_trace"}
+
+
+def untraced(outcome: RunOutcome, name: str, case_id: str) -> Localisation:
+    """An engine that cannot be traced still gets the verdict-level reasoning of the run: the divergence step, the
+    near-tie rule, whether a token was chosen after the logits (its own top-1 check), the params that differ."""
+    ref = outcome.scenario.spec.reference
+    row = outcome.verdicts.set_index(["engine", "case_id"]).loc[(name, case_id)]
+    picked_after = "chosen after the logits" in row["explanation"]
+    cause = UNTRACED_CAUSE.get(row["verdict"], "sampler" if picked_after else "untraced")
+    step = int(row["first_divergence"]) if row["first_divergence"] is not None and row["first_divergence"] >= 0 \
+        else None
+    return Localisation(case_id=case_id, engine=name, reference=ref, cause=cause, first_step=step,
+                        verdict=f"not traced (no per-layer capture for this engine); from the run: {row['verdict']}: "
+                                f"{row['explanation']}")
+
+
+def _trace(result: TraceResult | None) -> Trace | None:
+    return Trace(result.path) if result is not None and result.status == "ok" else None
+
+
+def _error(result: TraceResult | None) -> str:
+    return "not run (interrupted)" if result is None else result.error
+
+
+def _divergence(steps: pd.DataFrame, ref: str, name: str, request: TraceRequest, step: int, ref_trace: Trace,
+                trace: Trace) -> Divergence | None:
+    """Both engines at the first divergent step, as generated (steps.parquet) and teacher-forced (the traces)."""
+    try:
+        ref_row, row = steps.loc[(ref, request.case_id, step)], steps.loc[(name, request.case_id, step)]
+    except KeyError:  # one side ended before this step (a length difference, not a token difference)
+        return None
+    position = request.prompt_len + step - 1
+    (forced_ref_top, forced_ref_margin), (forced_top, forced_margin) = top2(ref_trace, position), top2(trace, position)
+    return Divergence(step=step, ref_token=int(ref_row["token_id"]), engine_token=int(row["token_id"]),
+                      ref_top=[int(t) for t in ref_row["top_ids"][:2]], ref_margin=_margin(ref_row),
+                      engine_top=[int(t) for t in row["top_ids"][:2]], engine_margin=_margin(row),
+                      ref_took_argmax=_took_argmax(ref_row), engine_took_argmax=_took_argmax(row), position=position,
+                      forced_ref_top=forced_ref_top, forced_ref_margin=forced_ref_margin,
+                      forced_engine_top=forced_top, forced_engine_margin=forced_margin)
+
+
+def _margin(step_row) -> float:
+    values = step_row["top_logprobs"]
+    return float(values[0] - values[1]) if len(values) > 1 else float("nan")
+
+
+def _took_argmax(step_row) -> bool:
+    """Whether the chosen token is (tied with) the best of the raw logits, as greedy decoding without penalties
+    picks it; exact ties count, since engines break them differently."""
+    return bool(step_row["chosen_logprob"] >= step_row["top_logprobs"][0] - TIE)
+
+
+def _explain_engine(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFrame, request: TraceRequest, name: str,
+                    result: TraceResult | None, ref_result: TraceResult, floor_summary: pd.DataFrame | None,
+                    k: float, decode):
+    """One engine vs the reference on one case: its localisation, per-position errors and per-point summary."""
+    spec, ref = outcome.scenario.spec, outcome.scenario.spec.reference
+    ref_trace, trace = _trace(ref_result), _trace(result)
+    if trace is None:
+        return (Localisation(case_id=request.case_id, engine=name, reference=ref, cause="no_trace",
+                             verdict=f"no trace from {name}: {_error(result)}"),
+                None, None)
+    frame = compare_traces(ref_trace, trace)
+    points = against_floor(summarize(frame), floor_summary, spec.engine_dtype(ref), k)
+    verdict = outcome.verdicts.set_index(["engine", "case_id"]).loc[(name, request.case_id)]
+    divergence = None
+    if verdict["verdict"] in ("diverged", "benign_tie") and verdict["first_divergence"] >= 0:
+        divergence = _divergence(steps, ref, name, request, int(verdict["first_divergence"]), ref_trace, trace)
+    case = next(c for c in outcome.scenario.cases if c.case_id == request.case_id)
+    prompt_equal = list(results.loc[(ref, request.case_id)]["prompt_ids"]) == list(
+        results.loc[(name, request.case_id)]["prompt_ids"]) if (name, request.case_id) in results.index else True
+    param_note = explain_differences(param_differences(case.engine_params[ref], case.engine_params[name]))
+    nonfinite = {r.engine: r.nonfinite for r in (ref_result, result) if r.nonfinite}
+    loc = localise(points, case_id=request.case_id, engine=name, reference=ref, prompt_equal=prompt_equal,
+                   divergence=divergence, nonfinite=nonfinite, fused={ref: ref_trace.fused, name: trace.fused},
+                   param_note=param_note, k=k, decode=decode)
+    return loc, frame, points

@@ -1,0 +1,152 @@
+"""`parity run`: scenario -> workers -> results -> verdicts -> run directory."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from harness import models
+from harness.compare.ending import as_compared, ended_by
+from harness.compare.verdicts import judge
+from harness.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARITY
+from harness.report.summary import write_summary
+from harness.run.executor import EngineOutcome, Progress, run_engines
+from harness.run.plan import EnginePlan, engine_plan, select_engines, unavailable_engines
+from harness.run.store import EngineMeta, RunMeta, new_run_dir, results_frame, steps_frame, write_meta, write_parquet
+from harness.scenario.prompts import load_tokenizer, tokenize_prompts
+from harness.scenario.spec import LoadedScenario
+from harness.scenario.vocabulary import SamplingParams
+from harness.semantics import effective
+from harness.semantics.sampling_parity import judge_samples
+from harness.types import Request, Result
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a command runs of a scenario: some engines (--engines), some cases (--case), and whether engines that
+    cannot run here are skipped (--allow-missing) rather than stopping the command."""
+
+    engines: list[str] | None = None
+    cases: list[str] | None = None
+    allow_missing: bool = False
+
+
+@dataclass
+class RunOutcome:
+    scenario: LoadedScenario  # as run: the selected cases and the engines that ran
+    run_dir: Path
+    verdicts: pd.DataFrame
+    warnings: dict[str, list[str]]
+    exit_code: int
+    interrupted: bool
+    effective_differences: list[tuple[list[str], str]]
+    skipped: dict[str, str] = field(default_factory=dict)  # engine -> why it could not run here (--allow-missing)
+
+
+def plan_engines(scenario: LoadedScenario, run_dir: Path, prompt_ids: dict[str, list[int]]) -> list[EnginePlan]:
+    spec = scenario.spec
+    check = spec.sampling
+    return [engine_plan(scenario, name, run_dir, [
+        Request(case_id=c.case_id, prompt_ids=prompt_ids[c.prompt.id],
+                params=_sample_params(c.engine_params[name], check), top_logprobs=spec.top_logprobs,
+                text=c.prompt.text, messages=c.prompt.messages, num_samples=check.samples if check else 1)
+        for c in scenario.cases]) for name in spec.engines]
+
+
+def _sample_params(params: SamplingParams, check) -> SamplingParams:
+    """For a sampling-parity run only the first `steps` tokens of each sample are drawn."""
+    return params.model_copy(update={"max_new_tokens": check.steps}) if check else params
+
+
+def machine_info() -> dict:
+    return {"platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "python": sys.version.split()[0]}
+
+
+def engine_meta(plan: EnginePlan, outcome: EngineOutcome) -> EngineMeta:
+    timings = [r.timings for r in outcome.results.values()]
+    phases = {**outcome.phases, "generate_s": sum(t.get("generate_s", 0.0) for t in timings),
+              "effective_s": sum(t.get("effective_s", 0.0) for t in timings)}
+    return EngineMeta(engine=plan.engine, dtype=plan.dtype, threads=plan.threads, options=plan.setup.options,
+                      env={"OMP_NUM_THREADS": str(plan.threads), "OMP_WAIT_POLICY": "passive"},
+                      python=plan.python or sys.executable, model_path=str(plan.setup.model_path),
+                      versions=outcome.versions, load_s=outcome.load_s, worker_pids=outcome.worker_pids,
+                      restarts=outcome.restarts, phases=phases)
+
+
+def runnable(scenario: LoadedScenario, selection: Selection,
+             need_reference: bool = True) -> tuple[LoadedScenario, dict[str, str]]:
+    """The scenario narrowed to the selected cases and to the selected engines that can run here, and the engines
+    skipped (--allow-missing) with why. Params an engine would reject stop everything first (exit 2)."""
+    scenario = scenario.with_cases(selection.cases)
+    names = select_engines(scenario, selection.engines, need_reference)
+    effective.preflight(scenario, names)
+    skipped = unavailable_engines(scenario, names, selection.allow_missing, need_reference)
+    return scenario.with_engines([n for n in names if n not in skipped]), skipped
+
+
+def execute(scenario: LoadedScenario, out_root: Path, selection: Selection, parallel: int | None,
+            progress: Progress, on_start: Callable[[LoadedScenario, Path], None]) -> RunOutcome:
+    prepare_started = time.perf_counter()
+    scenario, skipped = runnable(scenario, selection)
+    spec = scenario.spec
+    ref_path = models.resolve(spec.model, spec.engine_dtype(spec.reference), str(scenario.path))
+    tokenizer = load_tokenizer(ref_path)
+    prompt_ids = tokenize_prompts(tokenizer, list({c.prompt.id: c.prompt for c in scenario.cases}.values()))
+    run_dir = new_run_dir(out_root, scenario.name)
+    plans = plan_engines(scenario, run_dir, prompt_ids)
+    meta = RunMeta(run_id=run_dir.name, scenario=str(scenario.path), scenario_name=scenario.name,
+                   scenario_text=scenario.path.read_text(), model=spec.model, reference=spec.reference,
+                   started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), machine=machine_info(), prompt_ids=prompt_ids,
+                   skipped=skipped)
+    write_meta(run_dir, meta)
+    on_start(scenario, run_dir)
+
+    started = time.perf_counter()
+    prepare_s = started - prepare_started
+    threads_needed = max(p.threads for p in plans)
+    outcomes, interrupted = run_engines(plans, parallel or max(1, (os.cpu_count() or 1) // threads_needed), progress)
+    wall = time.perf_counter() - started
+    write_started = time.perf_counter()
+
+    names = list(spec.engines)
+    results = {(name, case_id): result for name, o in outcomes.items() for case_id, result in o.results.items()}
+    ordered = [results[(n, c.case_id)] for n in names for c in scenario.cases if (n, c.case_id) in results]
+    endings = _endings(scenario, ordered, models.eos_token_ids(ref_path))
+    compared = {key: as_compared(r, endings[key], min(models.eos_token_ids(ref_path), default=None))
+                for key, r in results.items()}
+    decode = lambda t: tokenizer.decode([t])  # noqa: E731
+    judged = judge_samples if spec.sampling else judge
+    verdicts = pd.DataFrame() if interrupted and not results else judged(scenario, compared, decode)
+    params = {(n, c.case_id): c.engine_params[n].model_dump_json(exclude_none=True)
+              for n in names for c in scenario.cases}
+    write_parquet(run_dir / "results.parquet", results_frame(ordered, params, endings))
+    write_parquet(run_dir / "steps.parquet", steps_frame(ordered))
+    if not verdicts.empty:
+        write_parquet(run_dir / "verdicts.parquet", verdicts)
+    warnings = {n: sorted({w for r in ordered if r.engine == n for w in r.warnings}) for n in names}
+    all_expected = verdicts.empty or bool(verdicts["expected"].all())  # no verdicts: only the reference ran
+    exit_code = EXIT_INTERRUPTED if interrupted else EXIT_OK if all_expected else EXIT_PARITY
+    meta = meta.model_copy(update=dict(
+        status="interrupted" if interrupted else "finished", wall_s=wall, exit_code=exit_code,
+        engines={p.name: engine_meta(p, outcomes[p.name]) for p in plans}, warnings=warnings,
+        effective_differences=effective.run_differences(names, ordered),
+        finished=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
+    write_summary(run_dir / "summary.md", meta, verdicts)
+    meta.phases = {"prepare_s": prepare_s, "engines_s": wall, "write_s": time.perf_counter() - write_started}
+    write_meta(run_dir, meta)
+    return RunOutcome(scenario, run_dir, verdicts, warnings, exit_code, interrupted, meta.effective_differences,
+                      skipped)
+
+
+def _endings(scenario: LoadedScenario, results: list[Result], eos_ids: set[int]) -> dict[tuple[str, str], str]:
+    """How each result's generation ended (harness.compare.ending), by (engine, case)."""
+    cases = {c.case_id: c for c in scenario.cases}
+    return {(r.engine, r.case_id): ended_by(r, cases[r.case_id].engine_params[r.engine], eos_ids) for r in results}

@@ -1,0 +1,155 @@
+"""Runs each engine's cases in its own worker process; every result is journaled to disk as it arrives.
+
+A worker that fails to load, dies, or exceeds its timeout turns the cases it owed into engine-error results.
+The cases after them go to a restarted worker (up to MAX_RESTARTS times), so one bad case does not sink a run.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+
+from harness.run.plan import EnginePlan
+from harness.run.worker_process import WorkerGone, WorkerHandle, WorkerTimeout
+from harness.types import Request, Result, TraceRequest, TraceResult
+
+MAX_RESTARTS = 2
+
+
+@dataclass
+class EngineOutcome:
+    name: str
+    results: dict[str, Result | TraceResult] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    load_s: list[float] = field(default_factory=list)
+    worker_pids: list[int] = field(default_factory=list)
+    restarts: int = 0
+    phases: dict[str, float] = field(default_factory=dict)  # the first worker's: process start, imports, load
+
+
+Progress = Callable[[str, str], None]  # (engine name, event): "loading" | "ready" | "case" | "done"
+
+
+class EngineRun:
+    def __init__(self, plan: EnginePlan, progress: Progress):
+        self.plan, self.progress = plan, progress
+        self.outcome = EngineOutcome(plan.name)
+        self.worker: WorkerHandle | None = None
+        self.stopped = threading.Event()
+        self.journal = None
+        self.result_type = TraceResult if plan.op == "trace" else Result
+
+    def _record(self, result: Result | TraceResult) -> None:
+        self.outcome.results[result.case_id] = result
+        self.journal.write(json.dumps(result.model_dump(mode="json")) + "\n")
+        self.journal.flush()
+        self.progress(self.plan.name, "case")
+
+    def _fail(self, requests: list[Request], error: str) -> None:
+        for request in requests:
+            if request.case_id not in self.outcome.results:
+                self._record(self.result_type.engine_error(request.case_id, self.plan.name,
+                                                           f"engine error: {error}"))
+
+    def _start_worker(self) -> None:
+        plan = self.plan
+        self.progress(plan.name, "loading")
+        self.worker = WorkerHandle(plan.name, plan.python, plan.threads, plan.workdir / "worker.log",
+                                   plan.import_paths)
+        spawned = time.monotonic()
+        self.worker.start()
+        self.outcome.worker_pids.append(self.worker.pid)
+        (plan.workdir / "worker.pid").write_text(str(self.worker.pid))
+        self.worker.send({"op": "load", "factory": plan.factory, "setup": plan.setup.model_dump(mode="json"),
+                          "sampling": plan.sampling, "package": plan.package})
+        message = self.worker.receive(plan.load_timeout)
+        if message["event"] != "ready":
+            raise WorkerGone(f"could not load: {message.get('error', message)}")
+        self.outcome.versions = message["versions"]
+        self.outcome.load_s.append(message["load_s"])
+        if not self.outcome.phases:
+            phases = message.get("phases", {})
+            self.outcome.phases = {"process_start_s": phases.get("main_at", spawned) - spawned,
+                                   "imports_s": phases.get("imports_s", 0.0), "load_s": phases.get("load_s", 0.0)}
+        self.progress(plan.name, "ready")
+
+    def _run_batch(self, batch: list[Request] | list[TraceRequest]) -> None:
+        self.worker.send({"op": self.plan.op, "requests": [r.model_dump(mode="json") for r in batch]})
+        owed = {r.case_id for r in batch}
+        while True:
+            message = self.worker.receive(self.plan.case_timeout * max(1, len(owed)))
+            if message["event"] == "result":
+                result = self.result_type.model_validate(message["result"])
+                owed.discard(result.case_id)
+                self._record(result)
+            elif message["event"] == "case_error":
+                owed.discard(message["case_id"])
+                self._record(self.result_type.engine_error(message["case_id"], self.plan.name,
+                                                           f"engine error: {message['error']}"))
+            elif message["event"] == "batch_done":
+                return
+
+    def run(self) -> EngineOutcome:
+        pending = list(self.plan.requests)
+        self.plan.workdir.mkdir(parents=True, exist_ok=True)
+        self.journal = open(self.plan.workdir / ("traces.jsonl" if self.plan.op == "trace" else "results.jsonl"), "a")
+        try:
+            while pending and not self.stopped.is_set():
+                batch, pending = pending[: self.plan.batch_size], pending[self.plan.batch_size:]
+                try:
+                    if self.worker is None:
+                        self._start_worker()
+                    self._run_batch(batch)
+                except (WorkerGone, WorkerTimeout) as exc:
+                    if self.stopped.is_set():
+                        break  # interrupted: unfinished cases stay missing, reported as not run
+                    error = f"timed out ({exc}); worker killed" if isinstance(exc, WorkerTimeout) else str(exc)
+                    self._fail(batch, error)
+                    self._discard_worker()
+                    if self.outcome.restarts >= MAX_RESTARTS:
+                        self._fail(pending, f"not run: the worker failed {MAX_RESTARTS + 1} times ({error})")
+                        pending = []
+                    self.outcome.restarts += 1
+        finally:
+            if self.worker is not None:
+                self.worker.stop()
+            self.journal.close()
+            self.progress(self.plan.name, "done")
+        return self.outcome
+
+    def _discard_worker(self) -> None:
+        if self.worker is not None:
+            self.worker.kill()
+            self.worker = None
+
+    def abort(self) -> None:
+        """Called from the main thread on Ctrl-C: stop dispatching and kill the worker now."""
+        self.stopped.set()
+        if self.worker is not None:
+            self.worker.kill()
+
+
+def run_engines(plans: list[EnginePlan], parallel: int,
+                progress: Progress) -> tuple[dict[str, EngineOutcome], bool]:
+    """Run all plans, `parallel` engines at a time. Returns the outcomes and whether the user interrupted."""
+    runs = [EngineRun(plan, progress) for plan in plans]
+    pool = ThreadPoolExecutor(max_workers=max(1, parallel))
+    futures = [pool.submit(run.run) for run in runs]
+    interrupted = False
+    try:
+        while not all(f.done() for f in futures):
+            time.sleep(0.1)  # the main thread stays interruptible
+    except KeyboardInterrupt:
+        interrupted = True
+        for run in runs:
+            run.abort()
+        wait(futures, timeout=30)  # workers are dead: the engine threads wind up at once
+    pool.shutdown(wait=False, cancel_futures=True)
+    for future in futures:
+        if future.done() and not future.cancelled() and future.exception() is not None:
+            raise future.exception()
+    return {run.plan.name: run.outcome for run in runs}, interrupted

@@ -1,0 +1,100 @@
+"""Plans: which engine instances of a scenario run, with which requests, in which interpreter, and how an engine
+that cannot run here is reported. A plan is all a worker needs; it knows nothing about how it will be executed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from adapters import registry
+from harness import models
+from harness.errors import ConfigError, EngineUnavailable
+from harness.scenario.spec import LoadedScenario
+from harness.types import EngineSetup, Request, TraceRequest
+
+Op = Literal["generate", "trace"]  # generate: Request -> Result; trace: TraceRequest -> TraceResult
+
+
+@dataclass
+class EnginePlan:
+    engine: str  # the engine type (registry name)
+    factory: str  # module:Class of its Engine
+    package: str | None  # the engine package an in-process engine's worker imports first (timed apart from loading)
+    sampling: dict[str, Any] | None  # its sampling code {"module", "kwargs"}, for effective params
+    setup: EngineSetup
+    python: str | None
+    threads: int
+    batch_size: int
+    requests: list[Request] | list[TraceRequest]
+    load_timeout: float
+    case_timeout: float
+    op: Op = "generate"
+    import_paths: list[str] = field(default_factory=list)  # extra PYTHONPATH entries (the scenario's folder)
+
+    @property
+    def name(self) -> str:
+        return self.setup.name
+
+    @property
+    def workdir(self) -> Path:
+        return self.setup.workdir
+
+    @property
+    def dtype(self) -> str:
+        return self.setup.dtype
+
+
+def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: list, op: Op = "generate",
+                dtype: str | None = None, plan_name: str | None = None) -> EnginePlan:
+    """The plan for one engine of a scenario; dtype and plan_name override the scenario's (a noise-floor run)."""
+    spec, engine = scenario.spec, scenario.spec.engines[name]
+    description = registry.describe(engine.engine)
+    dtype = dtype or spec.engine_dtype(name)
+    plan_name = plan_name or name
+    code = description.sampling_code(engine.options)
+    longest = max((_context(r) for r in requests), default=None)
+    setup = EngineSetup(name=plan_name, model_path=models.resolve(spec.model, dtype, str(scenario.path)),
+                        dtype=dtype, options=engine.options, workdir=run_dir / "engines" / plan_name,
+                        trace=op == "trace", max_context=longest)
+    timeouts = spec.engine_timeouts(name)
+    package = None if description.capabilities.server else description.requirement.module
+    return EnginePlan(engine=engine.engine, factory=description.factory, package=package,
+                      sampling={"module": code.module, "kwargs": code.kwargs} if code else None, setup=setup,
+                      python=engine.python, threads=spec.engine_threads(name), batch_size=engine.batch_size,
+                      requests=requests, load_timeout=timeouts.load, case_timeout=timeouts.case, op=op,
+                      import_paths=[str(scenario.path.parent.resolve())])
+
+
+def _context(request: Request | TraceRequest) -> int:
+    if isinstance(request, TraceRequest):
+        return len(request.token_ids)
+    return len(request.prompt_ids) + request.params.max_new_tokens
+
+
+def select_engines(scenario: LoadedScenario, only: list[str] | None, need_reference: bool = True) -> list[str]:
+    names = list(scenario.spec.engines)
+    if not only:
+        return names
+    unknown = [n for n in only if n not in names]
+    if unknown:
+        raise ConfigError(f"--engines: {unknown} not in {scenario.path} (engines there: {', '.join(names)})")
+    if need_reference and scenario.spec.reference not in only:
+        raise ConfigError(f"--engines: must include the reference engine '{scenario.spec.reference}'")
+    return [n for n in names if n in only]
+
+
+def unavailable_engines(scenario: LoadedScenario, names: list[str], allow_missing: bool,
+                        need_reference: bool = True, device: bool = True) -> dict[str, str]:
+    """Engines that cannot run here, with why. Without allow_missing the first one stops the command (exit 3); with
+    it they are skipped and the report says so; the reference can never be skipped when it must run. device False:
+    only the engine's package is needed (its sampling code), not its device."""
+    missing = {}
+    for name in names:
+        spec = scenario.spec.engines[name]
+        reason = registry.check_available(spec.engine, spec.python, spec.options, device)
+        if reason and (not allow_missing or (need_reference and name == scenario.spec.reference)):
+            raise EngineUnavailable(reason + ("" if allow_missing else " (or pass --allow-missing to skip it)"))
+        if reason:
+            missing[name] = reason
+    return missing

@@ -1,0 +1,125 @@
+"""Worker process: loads one engine once and serves generate (or trace) requests from the harness.
+
+Run as `python -m harness.run.worker` by the harness (possibly with another interpreter); it speaks
+harness.run.protocol. Protocol messages go to a duplicate of the original stdout; fd 1 is pointed at stderr so that
+anything the engine prints lands in the worker log instead of corrupting the protocol. However the worker ends
+(close, EOF, SIGTERM, the harness dying), the engine is closed, so a server it started is stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import IO, Any
+
+from harness.run.lifetime import die_with_parent
+from harness.run.protocol import decode, send
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through Worker.serve's finally: the engine closes
+
+
+def short_error(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:600]
+
+
+class Worker:
+    def __init__(self, protocol: IO[str], started: float):
+        self.protocol = protocol
+        self.started = started  # time.monotonic() when main() began: comparable with the harness's clock
+        self.engine: Any = None
+        self.load_message: dict[str, Any] = {}
+
+    def serve(self, lines) -> int:
+        try:
+            for line in lines:
+                message = decode(line)
+                if message["op"] == "load" and not self.load(message):
+                    return 1
+                if message["op"] in ("generate", "trace"):
+                    self.run_batch(message["op"], message["requests"])
+                if message["op"] == "close":
+                    return 0
+            return 0
+        finally:
+            if self.engine is not None:
+                self.engine.close()
+
+    def load(self, message: dict[str, Any]) -> bool:
+        """message: {"factory": "module:Class", "setup": EngineSetup, "sampling": SamplingCode fields or None,
+        "package": the engine package of an in-process engine, imported first so that its import time is reported apart
+        from loading}."""
+        import importlib
+
+        from adapters.registry import engine_class
+        from harness.types import EngineSetup
+
+        self.load_message = message
+        try:
+            before = time.monotonic()
+            if message.get("package"):
+                importlib.import_module(message["package"])
+            imported = time.monotonic()
+            setup = EngineSetup.model_validate(message["setup"])
+            self.engine = engine_class(message["factory"])(setup)
+            loaded = time.monotonic()
+            send(self.protocol, {"event": "ready", "versions": self.engine.versions(), "load_s": loaded - before,
+                                 "phases": {"main_at": self.started, "imports_s": imported - before,
+                                            "load_s": loaded - imported}})
+            return True
+        except Exception as exc:  # any load failure is reported, then the worker ends
+            traceback.print_exc()
+            send(self.protocol, {"event": "fatal", "error": short_error(exc)})
+            return False
+
+    def run_batch(self, op: str, raw_requests: list[dict[str, Any]]) -> None:
+        """op generate: Request -> Result; op trace: TraceRequest -> TraceResult (engine.trace)."""
+        from harness.types import Request, TraceRequest
+
+        requests = [(TraceRequest if op == "trace" else Request).model_validate(r) for r in raw_requests]
+        done: set[str] = set()
+        try:
+            params = {r.case_id: r.params for r in requests if op == "generate"}
+            for result in getattr(self.engine, op)(requests):
+                done.add(result.case_id)
+                if result.case_id in params and result.status == "ok":
+                    before = time.monotonic()
+                    result.effective = self.effective(params[result.case_id])
+                    result.timings["effective_s"] = time.monotonic() - before
+                send(self.protocol, {"event": "result", "result": result.model_dump(mode="json")})
+        except Exception as exc:  # a failing batch becomes per-case errors; the worker stays up
+            traceback.print_exc()
+            for request in requests:
+                if request.case_id not in done:
+                    send(self.protocol, {"event": "case_error", "case_id": request.case_id,
+                                         "error": short_error(exc)})
+        send(self.protocol, {"event": "batch_done"})
+
+    def effective(self, params: Any) -> dict[str, Any]:
+        """What the engine's own sampling code makes of these params (cached on disk per engine version, model
+        and params; computed here only when the cache has no answer)."""
+        from adapters.sampling.effective_cache import effective_for
+
+        code = self.load_message.get("sampling")
+        setup = self.load_message["setup"]
+        if code is None:
+            return {}
+        return effective_for(code["module"], code["kwargs"], setup["model_path"], setup["dtype"], params)
+
+
+def main() -> int:
+    started = time.monotonic()
+    die_with_parent()
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return Worker(protocol, started).serve(sys.stdin)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

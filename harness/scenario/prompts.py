@@ -1,0 +1,68 @@
+"""Turn scenario prompts into token ids once, in the harness, so every engine sees the same ids.
+
+Chat messages get the model's chat template (with the generation prompt); text is tokenised as is. Uses the
+`tokenizers` library and jinja2 directly on the model folder's tokenizer.json and chat template (0.2 s), not
+transformers (7 s to import on a 2-core machine); tests check both give the same ids.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+from harness.errors import ConfigError
+from harness.scenario.spec import PromptSpec
+
+
+class PromptTokenizer:
+    def __init__(self, model_path: Path):
+        import jinja2.sandbox
+        from tokenizers import Tokenizer
+
+        if not (model_path / "tokenizer.json").exists():
+            raise ConfigError(f"{model_path}: no tokenizer.json: save the model's tokenizer with a fast "
+                              "(tokenizers) backend")
+        self.tokenizer = Tokenizer.from_file(str(model_path / "tokenizer.json"))
+        config_path = model_path / "tokenizer_config.json"
+        self.config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        template_file = model_path / "chat_template.jinja"
+        template = template_file.read_text() if template_file.exists() else self.config.get("chat_template")
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals.update(raise_exception=self._raise, strftime_now=lambda fmt: datetime.now().strftime(fmt))
+        self.template = env.from_string(template) if template else None
+
+    @staticmethod
+    def _raise(message: str):
+        raise ConfigError(f"chat template: {message}")
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=True).ids
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        if self.template is None:
+            raise ConfigError("the model has no chat template: use text prompts")
+        special = {k: self.config.get(k) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+        text = self.template.render(messages=messages, add_generation_prompt=True, **special)
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def load_tokenizer(model_path: Path) -> PromptTokenizer:
+    return PromptTokenizer(model_path)
+
+
+def tokenize_prompts(tokenizer: PromptTokenizer, prompts: list[PromptSpec]) -> dict[str, list[int]]:
+    ids: dict[str, list[int]] = {}
+    for prompt in prompts:
+        if prompt.token_ids is not None:
+            ids[prompt.id] = list(prompt.token_ids)
+        elif prompt.messages is not None:
+            ids[prompt.id] = tokenizer.apply_chat_template(prompt.messages)
+        else:
+            ids[prompt.id] = tokenizer.encode(prompt.text)
+        if not ids[prompt.id]:
+            raise ConfigError(f"prompt {prompt.id}: tokenises to no tokens: give it some text")
+    return ids

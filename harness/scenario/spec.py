@@ -1,0 +1,269 @@
+"""Scenario files: validation (pydantic, with file:line errors) and expansion into cases."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from harness.errors import ConfigError
+from harness.scenario.vocabulary import SamplingParams
+from harness.scenario.yaml_source import YamlSource
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Expectation(Strict):
+    """What counts as parity for a case. tokens: exact (identical ids), benign_ties (a divergence is tolerated where
+    the engine took the reference's runner-up and the reference's top-2 margin is within tie_margin), any (tokens not
+    checked). tie_margin unset: measured from the run, twice the largest chosen-token |delta logprob| the engine
+    pair shows on steps where both chose the same token. max_logprob_delta bounds that delta."""
+
+    tokens: Literal["exact", "benign_ties", "any"] = "exact"
+    max_logprob_delta: float | None = Field(None, gt=0)
+    tie_margin: float | None = Field(None, ge=0)
+
+
+class Timeouts(Strict):
+    load: float = Field(900, gt=0, description="seconds for a worker to load its engine")
+    case: float = Field(300, gt=0, description="seconds per case")
+
+
+class ExplainSettings(Strict):
+    """`parity explain`: a capture point leaves the noise floor when its error exceeds k x the floor (the reference
+    engine vs itself in higher precision: float32 for bf16/fp16 scenarios, float64 for float32 ones)."""
+
+    k: float = Field(10.0, gt=1)
+
+
+class SamplingCheck(Strict):
+    """Sampling parity (do_sample true): each engine draws `samples` seeded samples of the first `steps` tokens per
+    case; the frequencies of each prefix length are compared with the reference's by a G-test (likelihood-ratio
+    chi-square), categories with an expected count under 5 pooled. A case fails when a p-value is under
+    alpha / steps (Bonferroni)."""
+
+    samples: int = Field(1000, ge=50)
+    steps: int = Field(1, ge=1, le=4)
+    alpha: float = Field(0.01, gt=0, lt=1)
+
+
+class EngineSpec(Strict):
+    engine: str
+    reference: bool = False
+    options: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict)
+    dtype: Dtype | None = None
+    python: str | None = None
+    threads: int | None = Field(None, ge=1)
+    batch_size: int = Field(8, ge=1, description="cases sent to the worker at once")
+    expect: Expectation | None = None
+    timeouts: Timeouts | None = None
+
+
+class PromptSpec(Strict):
+    id: str | None = None
+    text: str | None = None
+    messages: list[dict[str, str]] | None = None
+    token_ids: list[int] | None = None
+    file: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> PromptSpec:
+        given = [k for k in ("text", "messages", "token_ids", "file") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("a prompt needs exactly one of text, messages, token_ids, file")
+        return self
+
+
+class Scenario(Strict):
+    name: str | None = None
+    description: str = ""
+    model: str
+    dtype: Dtype = "float32"
+    threads: int = Field(1, ge=1, description="OMP threads per engine worker")
+    top_logprobs: int = Field(5, ge=1, le=20)
+    engines: dict[str, EngineSpec]
+    prompts: list[str | PromptSpec] = Field(min_length=1)
+    params: SamplingParams = Field(default_factory=SamplingParams)
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    expect: Expectation = Field(default_factory=Expectation)
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    explain: ExplainSettings = Field(default_factory=ExplainSettings)
+    sampling: SamplingCheck | None = None
+
+    @field_validator("engines")
+    @classmethod
+    def _one_reference(cls, engines: dict[str, EngineSpec]) -> dict[str, EngineSpec]:
+        if len(engines) < 2:
+            raise ValueError("a scenario compares at least two engines")
+        refs = [name for name, spec in engines.items() if spec.reference]
+        if len(refs) != 1:
+            raise ValueError(f"exactly one engine needs reference: true (found {len(refs)})")
+        return engines
+
+    @field_validator("grid")
+    @classmethod
+    def _grid_keys(cls, grid: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        unknown = set(grid) - set(SamplingParams.model_fields)
+        if unknown:
+            raise ValueError(f"unknown param(s) {sorted(unknown)}; known: {sorted(SamplingParams.model_fields)}")
+        return grid
+
+    @property
+    def reference(self) -> str:
+        return next(name for name, spec in self.engines.items() if spec.reference)
+
+    def engine_dtype(self, name: str) -> str:
+        return self.engines[name].dtype or self.dtype
+
+    def engine_threads(self, name: str) -> int:
+        return self.engines[name].threads or self.threads
+
+    def engine_expectation(self, name: str) -> Expectation:
+        return self.engines[name].expect or self.expect
+
+    def engine_timeouts(self, name: str) -> Timeouts:
+        return self.engines[name].timeouts or self.timeouts
+
+
+@dataclass
+class Case:
+    """One prompt x one grid point. Engines may override params; `engine_params` holds the merged result."""
+
+    case_id: str
+    prompt: PromptSpec
+    engine_params: dict[str, SamplingParams]
+
+
+@dataclass(frozen=True)
+class LoadedScenario:
+    path: Path
+    spec: Scenario
+    cases: list[Case]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name or self.path.stem
+
+    def with_cases(self, only: list[str] | None) -> LoadedScenario:
+        """A copy keeping only the named cases (--case); an unknown id is a config error."""
+        if not only:
+            return self
+        known = [c.case_id for c in self.cases]
+        unknown = [c for c in only if c not in known]
+        if unknown:
+            raise ConfigError(f"--case: {unknown} not in {self.path} (cases: {', '.join(known)})")
+        return replace(self, cases=[c for c in self.cases if c.case_id in only])
+
+    def with_engines(self, names: list[str]) -> LoadedScenario:
+        """A copy whose spec keeps only these engines (in the scenario's order)."""
+        engines = {n: e for n, e in self.spec.engines.items() if n in names}
+        return replace(self, spec=self.spec.model_copy(update={"engines": engines}))
+
+
+def _format_pydantic_error(source: YamlSource, exc: ValidationError, prefix: tuple = ()) -> Exception:
+    # For `str | PromptSpec` unions pydantic reports both branches; the PromptSpec one is the useful one.
+    err = sorted(exc.errors(), key=lambda e: e["type"] == "string_type")[0]
+    loc = prefix + tuple(p for p in err["loc"] if not (isinstance(p, str) and p in ("str", "PromptSpec")))
+    message = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        message = "unknown key: remove it or check its spelling"
+    elif err["type"] == "missing":
+        message = "required key is missing: add it"
+    more = f" (and {len(exc.errors()) - 1} more problem(s))" if len(exc.errors()) > 1 else ""
+    return source.error(loc, message + more)
+
+
+def _expand_file_prompts(source: YamlSource, index: int, prompt: PromptSpec) -> list[PromptSpec]:
+    path = (source.path.parent / prompt.file).resolve()
+    if not path.exists():
+        raise source.error(("prompts", index, "file"), f"prompt file {path} does not exist: fix the path "
+                                                       "(relative to the scenario file)")
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    if path.suffix != ".jsonl":
+        return [PromptSpec(id=f"{prompt.id or path.stem}-{i}", text=line) for i, line in enumerate(lines)]
+    prompts = []
+    for i, line in enumerate(lines):
+        try:
+            record = PromptSpec(**json.loads(line))
+        except (ValueError, TypeError) as exc:
+            raise source.error(("prompts", index, "file"), f"{path.name} line {i + 1}: {exc}".splitlines()[0]) from None
+        prompts.append(record if record.id else record.model_copy(update={"id": f"{path.stem}-{i}"}))
+    return prompts
+
+
+def _prompts(source: YamlSource, spec: Scenario) -> list[PromptSpec]:
+    prompts: list[PromptSpec] = []
+    for i, raw in enumerate(spec.prompts):
+        prompt = PromptSpec(text=raw) if isinstance(raw, str) else raw
+        if prompt.file is not None:
+            prompts.extend(_expand_file_prompts(source, i, prompt))
+        else:
+            prompts.append(prompt if prompt.id else prompt.model_copy(update={"id": f"p{i}"}))
+    ids = [p.id for p in prompts]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise source.error(("prompts",), f"duplicate prompt id(s) {duplicates}: give each prompt a unique id")
+    return prompts
+
+
+def _check_engines(source: YamlSource, spec: Scenario) -> None:
+    """Engine types must be registered, their options valid for the adapter, and their dtype one the engine runs
+    (checked before anything runs)."""
+    from adapters import registry
+
+    for name, engine in spec.engines.items():
+        try:
+            description = registry.describe(engine.engine)
+            description.parse_options(engine.options)
+        except ConfigError as exc:
+            raise source.error(("engines", name, "engine"), exc.message) from None
+        except ValidationError as exc:
+            raise _format_pydantic_error(source, exc, ("engines", name, "options")) from None
+        problem = description.dtype_problem(spec.engine_dtype(name), engine.options)
+        if problem:
+            where = ("engines", name, "dtype") if engine.dtype else ("dtype",) if "dtype" in source.data \
+                else ("engines", name)
+            raise source.error(where, f"{problem}: give engine {name} a dtype it supports "
+                                      f"(engines.{name}.dtype: {description.capabilities.dtypes[0]})")
+
+
+def _grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    keys = list(grid)
+    return [dict(zip(keys, values, strict=False)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def load(path: str | Path) -> LoadedScenario:
+    """Read, validate and expand a scenario file. Raises ConfigError with file:line and key path."""
+    source = YamlSource(Path(path))
+    if not isinstance(source.data, dict):
+        raise source.error((), "a scenario file must be a mapping with model, engines, prompts")
+    try:
+        spec = Scenario(**source.data)
+    except ValidationError as exc:
+        raise _format_pydantic_error(source, exc) from None
+    _check_engines(source, spec)
+    prompts = _prompts(source, spec)
+    base = spec.params.model_dump(exclude_unset=True)
+    cases = []
+    for point in _grid_points(spec.grid):
+        suffix = ",".join(f"{k}={v}" for k, v in point.items())
+        for prompt in prompts:
+            per_engine = {}
+            for name, engine in spec.engines.items():
+                try:
+                    per_engine[name] = SamplingParams(**{**base, **point, **engine.params})
+                except ValidationError as exc:
+                    where = ("engines", name, "params") if engine.params else ("grid",)
+                    raise _format_pydantic_error(source, exc, where) from None
+            case_id = f"{prompt.id}[{suffix}]" if suffix else prompt.id
+            cases.append(Case(case_id, prompt, per_engine))
+    return LoadedScenario(Path(path), spec, cases)

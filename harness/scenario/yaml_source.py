@@ -1,0 +1,52 @@
+"""Load YAML while remembering where each key sits, so validation errors can name file:line and key path."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.errors import ConfigError
+
+
+class YamlSource:
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read scenario file ({exc.strerror}): check the path") from None
+        try:
+            self.root = yaml.compose(text, Loader=yaml.SafeLoader)
+            self.data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}" if mark else str(path)
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise ConfigError(f"{where}: invalid YAML: {problem}: fix the syntax on that line") from None
+
+    def line_of(self, loc: Sequence[Any]) -> int | None:
+        """1-based line of the deepest node on the key path `loc` that exists in the file."""
+        node = self.root
+        line = node.start_mark.line + 1 if node is not None else None
+        for key in loc:
+            if isinstance(node, yaml.MappingNode):
+                match = next((v for k, v in node.value if k.value == str(key)), None)
+                key_node = next((k for k, v in node.value if k.value == str(key)), None)
+                if match is None:
+                    break
+                line, node = key_node.start_mark.line + 1, match
+            elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+                node = node.value[key]
+                line = node.start_mark.line + 1
+            else:
+                break
+        return line
+
+    def error(self, loc: Sequence[Any], message: str) -> ConfigError:
+        line = self.line_of(loc)
+        where = f"{self.path}:{line}" if line else str(self.path)
+        path = ".".join(str(p) for p in loc)
+        return ConfigError(f"{where}: {path}: {message}" if path else f"{where}: {message}")

@@ -1,0 +1,48 @@
+"""Run engines' own sampling code (adapters.sampling.worker) in a subprocess with the engine's interpreter and
+thread settings: effective params for `parity params`, processed distributions for the sampler transplant."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from adapters.contract import SamplingCode
+from harness import PROJECT_ROOT
+from harness.run.worker_process import worker_env
+
+
+class SamplingJobFailed(Exception):
+    pass
+
+
+@dataclass
+class SamplingJob:
+    task: str  # effective | transplant
+    engine: str  # the engine instance's name, for messages
+    code: SamplingCode | None
+    model_path: Path
+    dtype: str
+    items: list[dict[str, Any]]
+    python: str | None = None
+    threads: int = 1
+
+    def run(self, timeout: float = 600) -> dict[str, Any]:
+        if self.code is None:
+            return {"unavailable": f"{self.engine} has no sampling code to run here"}
+        job = {"task": self.task, "module": self.code.module, "kwargs": self.code.kwargs,
+               "model_path": str(self.model_path), "dtype": self.dtype, "items": self.items}
+        try:
+            proc = subprocess.run([self.python or sys.executable, "-m", "adapters.sampling.worker"],
+                                  input=json.dumps(job), capture_output=True, text=True, timeout=timeout,
+                                  cwd=PROJECT_ROOT, env=worker_env(self.threads))
+        except subprocess.TimeoutExpired:
+            raise SamplingJobFailed(f"{self.engine} sampling code did not answer within {timeout:g}s") from None
+        lines = [line for line in proc.stdout.splitlines() if line.strip()]
+        if proc.returncode != 0 or not lines:
+            tail = " | ".join(line.strip() for line in proc.stderr.splitlines()[-3:])
+            raise SamplingJobFailed(f"{self.engine} sampling code failed (exit {proc.returncode}): {tail}")
+        return json.loads(lines[-1])

@@ -1,0 +1,80 @@
+"""Summary of a GPU check: read the run directories it left under REPORTS and print what the check is for: greedy
+parity (false divergences), the server path giving per-step logprobs, pipeline-vs-server defaults, and what the
+fp16 temperature hazard did on this device.
+
+Usage: python scripts/gpu/summary.py REPORTS
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from harness.run.store import read_meta, read_parquet
+
+
+def latest(reports: Path, scenario: str) -> Path | None:
+    runs = sorted(p for p in reports.glob(f"*-{scenario}") if (p / "run.json").exists())
+    return runs[-1] if runs else None
+
+
+def greedy(reports: Path, scenario: str) -> list[str]:
+    run = latest(reports, scenario)
+    if run is None:
+        return [f"{scenario}: not run"]
+    verdicts = read_parquet(run, "verdicts.parquet")
+    steps = read_parquet(run, "steps.parquet")
+    lines = []
+    for engine, rows in verdicts.groupby("engine", sort=False):
+        counts = Counter(rows.verdict)
+        false = sum(n for v, n in counts.items() if v not in ("match", "benign_tie"))
+        per_case = steps[steps.engine == engine].groupby("case_id").size().to_dict()
+        lines.append(f"{scenario} {engine}: {dict(counts)}; divergences that are not near-ties: {false}; "
+                     f"steps with logprobs per case: {per_case or 'NONE'}")
+        lines += [f"    {r.case_id}: {r.verdict}: {r.explanation[:300]}" for r in rows.itertuples()
+                  if r.verdict not in ("match", "benign_tie")]
+    return lines
+
+
+def defaults(reports: Path) -> list[str]:
+    run = latest(reports, "gpu-defaults")
+    if run is None:
+        return ["gpu-defaults: not run"]
+    results = read_parquet(run, "results.parquet")
+    lines = []
+    for row in results.itertuples():
+        effective = json.loads(row.effective or "{}")
+        lines.append(f"gpu-defaults {row.engine}: decoding {effective.get('decoding', '?')}, temperature "
+                     f"{effective.get('temperature')}, top_k {effective.get('top_k')}; generated "
+                     f"{len(row.token_ids)} tokens")
+    return lines
+
+
+def hazard(reports: Path) -> list[str]:
+    run = latest(reports, "gpu-hazard")
+    if run is None:
+        return ["gpu-hazard: not run"]
+    verdicts = read_parquet(run, "verdicts.parquet")
+    return [f"gpu-hazard {r.case_id} {r.engine}: {r.verdict}: {r.explanation[:400]}" for r in verdicts.itertuples()]
+
+
+def main() -> int:
+    reports = Path(sys.argv[1])
+    any_run = next((p for p in sorted(reports.glob("*")) if (p / "run.json").exists()), None)
+    if any_run is None:
+        print(f"no run directories under {reports}")
+        return 1
+    meta = read_meta(any_run)
+    versions = {k: v for e in meta.engines.values() for k, v in e.versions.items() if k in ("lmdeploy", "torch",
+                                                                                              "gpu", "cuda")}
+    print(f"== GPU check summary ({', '.join(f'{k} {v}' for k, v in versions.items())})")
+    for line in [*greedy(reports, "gpu-greedy-fp16"), *greedy(reports, "gpu-greedy-bf16"), *defaults(reports),
+                 *hazard(reports)]:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

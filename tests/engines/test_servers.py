@@ -1,0 +1,209 @@
+"""Server engines against a real vLLM OpenAI server on 127.0.0.1: attach by URL, both endpoints, streaming,
+dialects, 4xx errors, a server killed mid-run, and no server left behind after Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from adapters.engines.vllm_server import Engine as VllmServer
+from adapters.http.server_process import group_alive
+from harness import models
+from harness.types import EngineSetup
+
+from helpers import SCENARIOS, ParityRun, journal_lines, parity, start_parity_run, wait_for, write_scenario
+
+pytestmark = pytest.mark.engines
+
+API_KEY_ENV = "PARITY_TEST_API_KEY"
+
+
+@pytest.fixture(scope="module")
+def server_url(tmp_path_factory):
+    """One real vLLM server for this module, started with an API key by the vllm-server engine itself, stopped at
+    the end."""
+    os.environ[API_KEY_ENV] = "secret-test-key"
+    setup = EngineSetup(name="fixture", model_path=models.resolve("smollm2-135m", "float32"), dtype="float32",
+                        options={"extra_args": ["--api-key", "secret-test-key"], "api_key_env": API_KEY_ENV},
+                        workdir=tmp_path_factory.mktemp("server"))
+    engine = VllmServer(setup)
+    server = engine.server
+    yield engine.base_url
+    engine.close()
+    assert server.gone()
+
+
+ATTACHED = """\
+name: attached
+model: smollm2-135m
+engines:
+  hf: {{engine: hf, reference: true}}
+  completions: {{engine: openai, options: {{url: "{url}", dialect: vllm, api_key_env: {key}}}}}
+  completions-stream: {{engine: openai, options: {{url: "{url}", dialect: vllm, stream: true, api_key_env: {key}}}}}
+  chat: {{engine: openai, options: {{url: "{url}", dialect: vllm, endpoint: chat, api_key_env: {key}}},
+          expect: {{tokens: any}}}}
+  chat-stream: {{engine: openai, options: {{url: "{url}", dialect: vllm, endpoint: chat, stream: true,
+                                            api_key_env: {key}, concurrency: 1}}, expect: {{tokens: any}}}}
+  generic: {{engine: openai, options: {{url: "{url}", dialect: generic, api_key_env: {key}}}, expect: {{tokens: any}}}}
+  as-lmdeploy: {{engine: openai, options: {{url: "{url}", dialect: lmdeploy, endpoint: chat, api_key_env: {key}}},
+                 params: {{frequency_penalty: 0.5}}, expect: {{tokens: any}}}}
+  lmdeploy-attached: {{engine: lmdeploy-server, options: {{url: "{url}", endpoint: chat, api_key_env: {key}}},
+                       params: {{repetition_penalty: 1.1}}, expect: {{tokens: any}}}}
+  too-long: {{engine: openai, options: {{url: "{url}", dialect: vllm, api_key_env: {key}}},
+              params: {{max_new_tokens: 100000}}, expect: {{tokens: any}}}}
+prompts:
+  - {{id: math, messages: [{{role: user, content: "What is 12 times 7? Answer briefly."}}]}}
+  - {{id: code, messages: [{{role: user, content: "Write a Python function that reverses a string."}}]}}
+  - {{id: capital, text: "The capital of France is"}}
+params: {{temperature: 0, max_new_tokens: 24}}
+"""
+
+
+@pytest.fixture(scope="module")
+def attached(server_url, tmp_path_factory) -> ParityRun:
+    tmp = tmp_path_factory.mktemp("attached")
+    scenario = write_scenario(tmp / "attached.yaml", ATTACHED.format(url=server_url, key=API_KEY_ENV))
+    return parity("run", str(scenario), out=tmp / "reports")
+
+
+def _verdicts(run: ParityRun) -> pd.DataFrame:
+    return run.verdicts.set_index(["engine", "case_id"])
+
+
+def test_completions_plain_and_streamed_match_hf(attached: ParityRun) -> None:
+    verdicts = _verdicts(attached)
+    for engine in ("completions", "completions-stream"):
+        assert set(verdicts.loc[engine].verdict) == {"match"}, verdicts.loc[engine].explanation.tolist()
+        assert verdicts.loc[engine].max_abs_logprob_delta.max() < 1e-3
+    results = attached.results.set_index(["engine", "case_id"])
+    assert results.loc[("completions-stream", "code")].text == results.loc[("completions", "code")].text
+    assert json.loads(results.loc[("completions-stream", "code")].native_params)["stream"] is True
+
+
+def test_chat_endpoint_uses_the_servers_template(attached: ParityRun) -> None:
+    verdicts = _verdicts(attached)
+    for engine in ("chat", "chat-stream"):
+        for case in ("math", "code"):  # same template as the harness's: same prompt ids, same tokens
+            assert verdicts.loc[(engine, case)].verdict == "match", verdicts.loc[(engine, case)].explanation
+        capital = verdicts.loc[(engine, "capital")]  # a text prompt becomes a chat message on this endpoint
+        assert capital.verdict == "diverged" and "prompt token ids differ" in capital.explanation
+
+
+def test_generic_dialect_maps_token_text_back_and_says_so(attached: ParityRun) -> None:
+    results = attached.results.set_index(["engine", "case_id"])
+    generic = results.loc[("generic", "math")]
+    assert any("token ids inferred from token text" in w for w in generic.warnings)
+    body = json.loads(generic.native_params)
+    assert "return_tokens_as_token_ids" not in body and "top_k" not in body
+    verdicts = _verdicts(attached)
+    assert set(verdicts.loc["generic"].verdict) <= {"match", "diverged"}
+    ambiguous = [w for w in results.loc["generic"].warnings.explode().dropna() if w.startswith("ambiguous")]
+    matched = verdicts.loc["generic"].verdict.eq("match").sum()
+    assert matched == 3 or ambiguous  # a mismatch is only allowed where the mapping said it was ambiguous
+
+
+def test_ignored_param_warns_and_is_not_sent(attached: ParityRun) -> None:
+    results = attached.results.set_index(["engine", "case_id"])
+    row = results.loc[("as-lmdeploy", "math")]
+    assert "frequency_penalty" not in json.loads(row.native_params)
+    assert any("frequency_penalty=0.5 NOT APPLIED: the lmdeploy server accepts and ignores it" in w
+               for w in row.warnings)
+    assert "frequency_penalty=0.5 NOT APPLIED" in attached.stdout
+
+
+def test_lmdeploy_server_engine_speaks_the_lmdeploy_dialect_over_http(attached: ParityRun) -> None:
+    """The lmdeploy-server adapter attached by url (no CUDA needed for that) to a real OpenAI-compatible server, on
+    the chat path (vLLM has no lmdeploy-native /generate): token ids mapped back, and the effective params computed
+    by lmdeploy's own server code."""
+    results = attached.results.set_index(["engine", "case_id"])
+    row = results.loc[("lmdeploy-attached", "capital")]
+    assert row.status == "ok" and len(row.token_ids) > 0
+    body = json.loads(row.native_params)
+    assert body["repetition_penalty"] == 1.1 and "return_token_ids" not in body and body["temperature"] == 0.0
+    assert any("token ids inferred from token text" in w for w in row.warnings)
+    effective = json.loads(row.effective)
+    assert effective["repetition_scope"] == "generated tokens only"
+    assert effective["top_k"] == 1  # temperature 0 -> top_k 1
+    assert "the server always samples (do_sample true); temperature 0 becomes top_k=1" in effective["notes"]
+
+
+def test_4xx_is_reported_with_the_servers_message_without_retry(attached: ParityRun) -> None:
+    verdicts = _verdicts(attached).loc["too-long"]
+    assert set(verdicts.verdict) == {"engine_error"}
+    assert all("rejected by the server: HTTP 400" in e for e in verdicts.explanation)
+    log = next(attached.run_dir.glob("engines/too-long/worker.log")).read_text()
+    assert "Traceback" not in log
+
+
+def test_missing_api_key_env_fails_to_load(server_url, tmp_path: Path) -> None:
+    scenario = ATTACHED.format(url=server_url, key="PARITY_NO_SUCH_KEY").split("  completions-stream")[0]
+    scenario += "prompts: ['hi']\nparams: {max_new_tokens: 2}\n"
+    run = parity("run", str(write_scenario(tmp_path / "s.yaml", scenario)), out=tmp_path / "reports")
+    assert run.code == 1
+    assert "env var PARITY_NO_SUCH_KEY (api_key_env) is not set" in run.verdicts.explanation.iloc[0]
+
+
+def test_remote_url_needs_explicit_permission(tmp_path: Path) -> None:
+    scenario = ATTACHED.format(url="http://10.1.2.3:8000/v1", key=API_KEY_ENV)
+    run = parity("validate", str(write_scenario(tmp_path / "s.yaml", scenario)))
+    assert run.code == 2
+    assert "is not a loopback address: set allow_remote: true" in run.stderr
+
+
+def test_server_vs_offline_scenario(tmp_path: Path) -> None:
+    run = parity("run", str(SCENARIOS / "server-vs-offline.yaml"), out=tmp_path / "reports")
+    assert run.code == 0, run.stdout[-3000:]
+    verdicts = _verdicts(run)
+    assert set(verdicts.verdict) == {"match"}
+    assert verdicts.loc["vllm-server"].max_abs_logprob_delta.max() < 1e-3
+    server = run.meta["engines"]["vllm-server"]
+    assert float(server["versions"]["server_startup_s"]) > 0
+    pid = int((run.run_dir / "engines" / "vllm-server" / "server.pid").read_text())
+    assert not group_alive(pid)  # stopped at the end of the run
+    assert "Application startup complete" in (run.run_dir / "engines" / "vllm-server" / "server.log").read_text()
+
+
+SERVED = """\
+model: smollm2-135m
+engines:
+  hf: {engine: hf, reference: true}
+  served: {engine: vllm-server, options: {concurrency: 1, retries: 1}}
+prompts: ["one", "two", "three", "four", "five", "six", "seven", "eight"]
+params: {temperature: 0, max_new_tokens: 48, ignore_eos: true}
+"""
+
+
+def test_server_killed_mid_run_keeps_finished_cases(tmp_path: Path) -> None:
+    out = tmp_path / "reports"
+    proc = start_parity_run(write_scenario(tmp_path / "s.yaml", SERVED), out)
+
+    wait_for(lambda: journal_lines(out, "served") >= 1, timeout=400)
+    server_pid = int(next(out.glob("*/engines/served/server.pid")).read_text())
+    os.kill(server_pid, signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 1, stderr[-2000:]
+    run_dir = next(out.iterdir())
+    verdicts = pd.read_parquet(run_dir / "verdicts.parquet")
+    finished = verdicts[verdicts.verdict == "match"]
+    failed = verdicts[verdicts.verdict == "engine_error"]
+    assert len(finished) >= 1 and len(failed) >= 1 and len(finished) + len(failed) == 8
+    assert all("server process killed by signal 9 (SIGKILL)" in e for e in failed.explanation)
+    wait_for(lambda: not group_alive(server_pid), timeout=30)  # its engine processes went with it
+
+
+def test_interrupt_leaves_no_server_process(tmp_path: Path) -> None:
+    out = tmp_path / "reports"
+    proc = start_parity_run(write_scenario(tmp_path / "s.yaml", SERVED), out)
+    wait_for(lambda: bool(list(out.glob("*/engines/served/server.pid"))), timeout=120)
+    time.sleep(3)  # the server is starting up: its engine processes are being spawned
+    server_pid = int(next(out.glob("*/engines/served/server.pid")).read_text())
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    wait_for(lambda: not group_alive(server_pid), timeout=30)

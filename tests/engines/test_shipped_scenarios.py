@@ -1,0 +1,81 @@
+"""The shipped scenarios, run for real: HF transformers and vLLM on SmolLM2-135M."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from helpers import SCENARIOS, ParityRun, parity
+
+pytestmark = pytest.mark.engines
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory) -> ParityRun:
+    return parity("run", str(SCENARIOS / "quickstart.yaml"), out=tmp_path_factory.mktemp("quickstart"))
+
+
+@pytest.fixture(scope="module")
+def bf16(tmp_path_factory) -> ParityRun:
+    return parity("run", str(SCENARIOS / "bf16-greedy.yaml"), out=tmp_path_factory.mktemp("bf16"))
+
+
+@pytest.fixture(scope="module")
+def penalties(tmp_path_factory) -> ParityRun:
+    # lmdeploy needs CUDA: skipped here, and the report says so
+    return parity("run", str(SCENARIOS / "penalty-semantics.yaml"), "--allow-missing",
+                  out=tmp_path_factory.mktemp("penalties"))
+
+
+def test_quickstart_fp32_greedy_matches_token_for_token(quickstart: ParityRun) -> None:
+    assert quickstart.code == 0, quickstart.stderr[-2000:]
+    verdicts = quickstart.verdicts
+    assert len(verdicts) == 4 and set(verdicts.verdict) == {"match"}
+    assert verdicts.max_abs_logprob_delta.max() < 1e-3
+    results = quickstart.results
+    hf, vllm = (results[results.engine == e].set_index("case_id") for e in ("hf", "vllm"))
+    for case in hf.index:
+        assert list(hf.token_ids[case]) == list(vllm.token_ids[case])
+        assert list(hf.prompt_ids[case]) == list(vllm.prompt_ids[case])
+    assert "PASS: quickstart" in quickstart.stdout
+
+
+def test_run_directory_records_what_verdicts_rest_on(quickstart: ParityRun) -> None:
+    meta = quickstart.meta
+    assert meta["status"] == "finished" and meta["exit_code"] == 0
+    for engine in ("hf", "vllm"):
+        assert meta["engines"][engine]["env"] == {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "passive"}
+        assert meta["engines"][engine]["versions"]["torch"].startswith("2.13.0")
+    assert meta["engines"]["vllm"]["versions"]["vllm"] == "0.32.0"
+    assert set(meta["prompt_ids"]) == {"capital", "story", "math", "code"}
+    assert meta["prompt_ids"]["math"][0] == 1  # chat template applied: starts with <|im_start|>
+    steps = pd.read_parquet(quickstart.run_dir / "steps.parquet")
+    assert len(steps) == quickstart.results.token_ids.map(len).sum()
+    assert steps.top_ids.map(len).eq(5).all()
+    assert (quickstart.run_dir / "summary.md").read_text().count("| match |") == 4
+
+
+def test_bf16_divergences_are_only_benign_ties(bf16: ParityRun) -> None:
+    assert bf16.code == 0, bf16.stdout[-3000:]
+    verdicts = bf16.verdicts
+    assert set(verdicts.verdict) <= {"match", "benign_tie"}
+    ties = verdicts[verdicts.verdict == "benign_tie"]
+    assert (ties.engine_token_in_ref_topk & ties.ref_token_in_engine_topk).all()
+
+
+def test_penalty_semantics_names_the_difference(penalties: ParityRun) -> None:
+    assert penalties.code == 1
+    verdicts = penalties.verdicts.set_index(["engine", "case_id"])
+    assert set(verdicts.loc["vllm-repetition"].verdict) == {"match"}
+    frequency = verdicts.loc["vllm-frequency"]
+    assert set(frequency.verdict) == {"diverged"}
+    assert (frequency.first_divergence < 16).all()
+    for text in frequency.explanation:
+        assert "frequency_penalty: unset vs 1.2" in text and "repetition_penalty: 1.2 vs unset" in text
+        assert "different semantics" in text
+    assert "different semantics" in penalties.stdout and "FAIL: penalty-semantics (exit 1)" in penalties.stdout
+    presence = verdicts.loc["vllm-presence"]
+    assert set(presence.verdict) == {"diverged"}
+    assert all("presence_penalty: unset vs 1.2" in text for text in presence.explanation)
+    assert "lmdeploy" not in set(penalties.verdicts.engine)
+    assert "skipped: engine lmdeploy needs a CUDA GPU" in (penalties.run_dir / "summary.md").read_text()

@@ -1,0 +1,78 @@
+"""Adapters on the tiny random Llama: HF one-by-one vs batched vs vLLM, param translation and warnings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import ParityRun, parity, write_scenario
+
+pytestmark = pytest.mark.engines
+
+TINY = """\
+name: tiny
+model: tiny-llama
+engines:
+  hf: {engine: hf, reference: true, batch_size: 3}
+  hf-batched: {engine: hf, options: {batched: true, attn_implementation: eager}}
+  vllm: {engine: vllm}
+  vllm-frequency: {engine: vllm, params: {frequency_penalty: 0.5}}
+prompts:
+  - "Hello world, this is"
+  - {id: chat, messages: [{role: user, content: "Hi there"}]}
+  - {id: ids, token_ids: [1, 2, 3, 4, 5, 6]}
+params: {max_new_tokens: 12, ignore_eos: true}
+grid: {repetition_penalty: [1.0, 1.3]}
+expect: {tokens: exact, max_logprob_delta: 0.001}
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> ParityRun:
+    tmp = tmp_path_factory.mktemp("tiny")
+    return parity("run", str(write_scenario(tmp / "tiny.yaml", TINY)), out=tmp / "reports")
+
+
+def test_hf_batched_and_vllm_match_hf_on_every_case(tiny: ParityRun) -> None:
+    verdicts = tiny.verdicts.set_index(["engine", "case_id"])
+    for engine in ("hf-batched", "vllm"):
+        assert set(verdicts.loc[engine].verdict) == {"match"}, verdicts.loc[engine].explanation.tolist()
+    assert len(tiny.verdicts) == 6 * 3
+    results = tiny.results
+    assert results.token_ids.map(len).eq(12).all()  # ignore_eos: every case runs to max_new_tokens
+    assert set(results.finish_reason) == {"length"}
+
+
+def test_native_params_show_each_translation(tiny: ParityRun) -> None:
+    results = tiny.results.set_index(["engine", "case_id"])
+    hf = json.loads(results.loc[("hf", "chat[repetition_penalty=1.3]")].native_params)
+    vllm = json.loads(results.loc[("vllm", "chat[repetition_penalty=1.3]")].native_params)
+    assert hf["do_sample"] is False and hf["repetition_penalty"] == 1.3
+    assert hf["min_new_tokens"] == 12  # HF has no ignore_eos: EOS is forbidden until max_new_tokens instead
+    assert vllm["temperature"] == 0.0 and vllm["repetition_penalty"] == 1.3 and vllm["ignore_eos"] is True
+
+
+def test_engine_only_param_is_sent_and_explained(tiny: ParityRun) -> None:
+    results = tiny.results.set_index(["engine", "case_id"])
+    native = json.loads(results.loc[("vllm-frequency", "p0[repetition_penalty=1.0]")].native_params)
+    assert native["frequency_penalty"] == 0.5
+    verdicts = tiny.verdicts[tiny.verdicts.engine == "vllm-frequency"]
+    diverged = verdicts[verdicts.verdict == "diverged"]
+    assert len(diverged) >= 1
+    assert all("frequency_penalty: unset vs 0.5" in text for text in diverged.explanation)
+    assert tiny.code == 1
+
+
+def test_unexpressible_param_is_a_warning_not_silence(tmp_path) -> None:
+    scenario = TINY.replace("  vllm-frequency: {engine: vllm, params: {frequency_penalty: 0.5}}\n", "") \
+                   .replace("hf: {engine: hf, reference: true, batch_size: 3}",
+                            "hf: {engine: hf, reference: true, params: {presence_penalty: 0.4, top_k: 5}}") \
+                   .replace("grid: {repetition_penalty: [1.0, 1.3]}\n", "") \
+                   .replace("  hf-batched: {engine: hf, options: {batched: true, attn_implementation: eager}}\n", "")
+    run = parity("run", str(write_scenario(tmp_path / "warn.yaml", scenario)), out=tmp_path / "reports")
+    warnings = run.results.set_index("engine").loc["hf"].warnings.iloc[0].tolist()
+    assert any("presence_penalty=0.4 NOT APPLIED" in w for w in warnings)
+    assert any("top_k has no effect" in w for w in warnings)
+    assert "presence_penalty=0.4 NOT APPLIED" in run.stdout
+    assert "presence_penalty=0.4 NOT APPLIED" in (run.run_dir / "summary.md").read_text()

@@ -1,0 +1,82 @@
+"""A worker that is killed, hangs or is interrupted becomes a recorded result; nothing computed is lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from adapters.http.server_process import group_alive
+
+from helpers import journal_lines, parity, start_parity_run, wait_for, write_scenario
+
+pytestmark = pytest.mark.engines
+
+LONG = """\
+model: tiny-llama
+engines:
+  hf: {engine: hf, reference: true}
+  victim: {engine: hf, batch_size: 1}
+prompts: ["one", "two", "three", "four", "five", "six", "seven", "eight"]
+params: {max_new_tokens: 400, ignore_eos: true}
+"""
+
+
+def test_killed_worker_costs_only_its_case(tmp_path: Path) -> None:
+    out = tmp_path / "reports"
+    proc = start_parity_run(write_scenario(tmp_path / "s.yaml", LONG), out)
+    wait_for(lambda: journal_lines(out, "victim") >= 1, timeout=120)
+    pid = int(next(out.glob("*/engines/victim/worker.pid")).read_text())
+    os.kill(pid, signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 1, stderr[-2000:]
+    run_dir = next(out.iterdir())
+    verdicts = pd.read_parquet(run_dir / "verdicts.parquet")
+    errors = verdicts[verdicts.verdict == "engine_error"]
+    assert len(errors) == 1, verdicts[["case_id", "verdict", "explanation"]]
+    assert "killed by signal 9 (SIGKILL)" in errors.explanation.iloc[0]
+    assert set(verdicts.verdict) == {"match", "engine_error"}  # earlier and later cases are kept and judged
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["engines"]["victim"]["restarts"] == 1 and len(meta["engines"]["victim"]["worker_pids"]) == 2
+
+
+def test_case_timeout_kills_and_reports(tmp_path: Path) -> None:
+    scenario = LONG.replace("victim: {engine: hf, batch_size: 1}",
+                            "victim: {engine: hf, batch_size: 1, timeouts: {case: 0.05}}")
+    run = parity("run", str(write_scenario(tmp_path / "s.yaml", scenario)), out=tmp_path / "reports")
+    assert run.code == 1
+    errors = run.verdicts.explanation.tolist()
+    assert sum(e.startswith("victim: engine error: timed out (no answer within 0.05s); worker killed")
+               for e in errors) == 3
+    assert sum("not run: the worker failed 3 times" in e for e in errors) == 5
+
+
+def test_interrupt_stops_every_worker_and_keeps_results(tmp_path: Path) -> None:
+    out = tmp_path / "reports"
+    proc = start_parity_run(write_scenario(tmp_path / "s.yaml", LONG), out)
+    wait_for(lambda: journal_lines(out, "victim") >= 1, timeout=120)
+    pids = [int(p.read_text()) for p in out.glob("*/engines/*/worker.pid")]
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "INTERRUPTED" in stdout
+    wait_for(lambda: not any(group_alive(pid) for pid in pids), timeout=15)
+    run_dir = next(out.iterdir())
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "interrupted"
+    results = pd.read_parquet(run_dir / "results.parquet")
+    assert (results.status == "ok").sum() >= 1  # what was computed before Ctrl-C is in the results
+
+
+def test_killed_harness_takes_its_workers_along(tmp_path: Path) -> None:
+    out = tmp_path / "reports"
+    proc = start_parity_run(write_scenario(tmp_path / "s.yaml", LONG), out)
+    wait_for(lambda: journal_lines(out, "victim") >= 1, timeout=120)
+    pids = [int(p.read_text()) for p in out.glob("*/engines/*/worker.pid")]
+    proc.kill()
+    proc.communicate(timeout=30)
+    wait_for(lambda: not any(group_alive(pid) for pid in pids), timeout=15)

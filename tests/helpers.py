@@ -1,0 +1,89 @@
+"""Shared test helpers: run the real `parity` CLI in a subprocess (real exit codes) or in-process (typer's runner, for
+the fast tier), write scenario files, wait for a background run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ROOT / "scenarios"
+
+
+@dataclass
+class ParityRun:
+    code: int
+    stdout: str
+    stderr: str
+    run_dir: Path | None
+
+    @property
+    def verdicts(self) -> pd.DataFrame:
+        return pd.read_parquet(self.run_dir / "verdicts.parquet")
+
+    @property
+    def results(self) -> pd.DataFrame:
+        return pd.read_parquet(self.run_dir / "results.parquet")
+
+    @property
+    def meta(self) -> dict:
+        return json.loads((self.run_dir / "run.json").read_text())
+
+
+def parity(*args: str, out: Path | None = None, timeout: float = 900) -> ParityRun:
+    """Run `python -m harness ARGS` (with --out for runs) and return its exit code, output and run directory."""
+    cmd = [sys.executable, "-m", "harness", *args]
+    if out is not None:
+        cmd += ["--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "COLUMNS": "200"})
+    run_dirs = sorted(out.iterdir()) if out is not None and out.exists() else []
+    return ParityRun(proc.returncode, proc.stdout, proc.stderr, run_dirs[-1] if run_dirs else None)
+
+
+def write_scenario(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def start_parity_run(scenario: Path, out: Path) -> subprocess.Popen:
+    """`parity run` in the background, for tests that kill or interrupt something mid-run."""
+    return subprocess.Popen([sys.executable, "-m", "harness", "run", str(scenario), "--out", str(out)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+def journal_lines(out: Path, engine: str) -> int:
+    """How many results an engine of the (single) run under `out` has journaled so far."""
+    journals = list(out.glob(f"*/engines/{engine}/results.jsonl"))
+    return len(journals[0].read_text().splitlines()) if journals else 0
+
+
+@dataclass
+class InProcess:
+    code: int
+    stdout: str
+    stderr: str
+
+
+def parity_in_process(*args: str) -> InProcess:
+    """`parity ARGS` through typer's test runner in this process: fast, for commands that run no engine."""
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    return InProcess(result.exit_code, result.stdout, result.stderr)

@@ -1,0 +1,59 @@
+"""The diff on hand-built results: divergence step, deltas, top-k rule, ties (no engines)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from harness.compare.diff import apply_ties, compare, noise_margin
+from harness.types import Result
+
+
+def result(engine: str, ids: list[int], chosen: list[float], tops: list[list[int]], top_lps: list[list[float]],
+           prompt: tuple[int, ...] = (1, 2)) -> Result:
+    return Result(case_id="c", engine=engine, status="ok", prompt_ids=list(prompt), token_ids=ids,
+                  chosen_logprobs=chosen, top_ids=tops, top_logprobs=top_lps)
+
+
+REF = result("ref", [5, 6, 7], [-0.1, -0.7, -0.2], [[5, 9], [6, 8], [7, 3]], [[-0.1, -2], [-0.7, -0.72], [-0.2, -3]])
+
+
+def test_identical_is_match_with_deltas() -> None:
+    other = result("x", [5, 6, 7], [-0.1, -0.75, -0.2], REF.top_ids, REF.top_logprobs)
+    row = compare([REF], [other]).iloc[0]
+    assert row.verdict == "match" and row.first_divergence == -1
+    assert np.isclose(row.max_abs_logprob_delta, 0.05)
+
+
+def test_runner_up_within_margin_is_benign_tie_else_diverged() -> None:
+    other = result("x", [5, 8, 1], [-0.1, -0.69, -0.2], [[5, 9], [8, 6], [1, 2]],
+                   [[-0.1, -2], [-0.69, -0.7], [-0.2, -1]])
+    frame = compare([REF], [other])
+    row = frame.iloc[0]
+    assert row.verdict == "diverged" and row.first_divergence == 1 and row.tie_candidate
+    assert np.isclose(row.ref_top2_margin, 0.02)
+    assert row.ref_token == 6 and row.engine_token == 8
+    assert apply_ties(frame.copy(), 0.05).iloc[0].verdict == "benign_tie"
+    assert apply_ties(frame.copy(), 0.01).iloc[0].verdict == "diverged"
+
+
+def test_token_outside_top2_is_never_a_tie() -> None:
+    other = result("x", [5, 4, 7], [-0.1, -0.7, -0.2], [[5, 9], [4, 6], [7, 3]], [[-0.1, -2], [-0.6, -0.7], [-0.2, -3]])
+    frame = apply_ties(compare([REF], [other]), 10.0)
+    assert frame.iloc[0].verdict == "diverged" and not frame.iloc[0].engine_token_in_ref_topk
+
+
+def test_length_difference_diverges_at_the_shorter_end() -> None:
+    other = result("x", [5, 6], [-0.1, -0.7], REF.top_ids[:2], REF.top_logprobs[:2])
+    row = compare([REF], [other]).iloc[0]
+    assert row.verdict == "diverged" and row.first_divergence == 2 and row.engine_token == -1
+
+
+def test_prompt_ids_mismatch_is_diverged() -> None:
+    other = result("x", [5, 6, 7], [-0.1, -0.7, -0.2], REF.top_ids, REF.top_logprobs, prompt=(1, 3))
+    assert compare([REF], [other]).iloc[0].verdict == "diverged"
+
+
+def test_noise_margin_is_twice_the_largest_agreeing_delta() -> None:
+    a = result("x", [5, 6, 7], [-0.1, -0.75, -0.2], REF.top_ids, REF.top_logprobs)
+    b = result("x", [5, 6, 7], [-0.13, -0.7, -0.2], REF.top_ids, REF.top_logprobs)
+    assert np.isclose(noise_margin(compare([REF, REF], [a, b])), 0.1)

@@ -1,0 +1,74 @@
+"""Effective-params tables and the sampling-parity statistics, on hand-built values (no engines)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from harness.semantics.effective import describe_differences, differing_fields, table_rows
+from harness.semantics.sampling_parity import END, g_test, prefixes
+from harness.types import Effective, Setting
+
+
+def effective(**kwargs) -> Effective:
+    return Effective(**{"decoding": "greedy", "repetition_penalty": 1.0, **kwargs})
+
+
+def test_greedy_engines_do_not_differ_on_truncation_or_temperature() -> None:
+    by_engine = {"a": effective(temperature=0.7, top_k=50), "b": effective(temperature=1.0)}
+    assert differing_fields(by_engine) == []
+
+
+def test_an_engine_without_a_penalty_knob_counts_as_neutral() -> None:
+    by_engine = {"a": effective(frequency_penalty=0.0), "b": effective()}
+    assert "frequency_penalty" not in differing_fields(by_engine)
+    penalised = {"a": effective(repetition_penalty=1.1, sources={"repetition_penalty": "generation_config.json"}),
+                 "b": effective()}
+    assert describe_differences(penalised) == "repetition_penalty: a 1.1 (generation_config.json), b 1"
+
+
+def test_a_setting_one_engine_applies_and_another_cannot_is_a_difference_named_by_file_and_key() -> None:
+    source = "generation_config.json: no_repeat_ngram_size"
+    by_engine = {"hf": effective(extra={"no_repeat_ngram_size": Setting(value=3, applied="yes", source=source)}),
+                 "vllm": effective(extra={"no_repeat_ngram_size": Setting(value=3, applied="no", source=source)}),
+                 "server": effective(extra={"no_repeat_ngram_size": Setting(value=3, applied="unknown",
+                                                                            source=source)})}
+    assert differing_fields(by_engine) == ["no_repeat_ngram_size"]
+    assert describe_differences(by_engine) == (
+        "no_repeat_ngram_size (generation_config.json: no_repeat_ngram_size): hf applies 3, vllm not applied, "
+        "server unknown (the server decides)")
+    rows = {row[0]: row for row in table_rows(by_engine, everything=False)}
+    label = f"no_repeat_ngram_size ({source})"
+    assert rows[label][1] == ["applies 3", "not applied", "unknown (the server decides)"] and rows[label][2]
+
+
+def test_settings_every_engine_treats_alike_are_still_shown() -> None:
+    same = Setting(value=[2], applied="yes", source="generation_config.json: eos_token_id")
+    by_engine = {"a": effective(extra={"eos_token_id": same}), "b": effective(extra={"eos_token_id": same})}
+    rows = {row[0]: row for row in table_rows(by_engine, everything=False)}
+    assert rows["eos_token_id (generation_config.json: eos_token_id)"] == (
+        "eos_token_id (generation_config.json: eos_token_id)", ["applies 2", "applies 2"], False)
+
+
+def test_rejected_engines_show_their_reason() -> None:
+    rows = table_rows({"a": effective(), "b": Effective.refused("b", "temperature too high")}, everything=False)
+    assert rows[-1] == ("rejected", ["-", "rejected by b: temperature too high"], True)
+
+
+def test_prefixes_pad_ended_samples() -> None:
+    assert prefixes([[5, 6], [5], [7, 8, 9]], 2) == Counter({(5, 6): 1, (5, END): 1, (7, 8): 1})
+
+
+def test_g_test_agrees_on_the_same_distribution_and_pools_rare_categories() -> None:
+    same = g_test(Counter({(1,): 500, (2,): 300, (3,): 200}), Counter({(1,): 510, (2,): 290, (3,): 200}))
+    assert same["p"] > 0.5 and same["dof"] == 2
+    moved = g_test(Counter({(1,): 500, (2,): 500}), Counter({(1,): 600, (2,): 400}))
+    assert moved["p"] < 1e-4 and moved["worst"] in ((1,), (2,))
+    rare = g_test(Counter({(1,): 990, (2,): 2, (3,): 1}), Counter({(1,): 985, (2,): 3, (4,): 2}))
+    assert rare["categories"] == 2  # (1,) and the pooled rare prefixes
+
+
+@pytest.mark.parametrize("counts", [Counter({(1,): 10}), Counter()])
+def test_g_test_with_one_category_is_no_evidence(counts) -> None:
+    assert g_test(counts or Counter({(1,): 3}), Counter({(1,): 10}))["p"] == 1.0

@@ -1,0 +1,118 @@
+"""The run directory as readers see it: a stored run renders to summary.md and HTML, a baseline is saved from it,
+and a damaged, partial or older run directory is a one-line error, never a crash in pandas or pyarrow."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from harness.compare.baseline import save
+from harness.compare.gate import compare_to_baseline
+from harness.compare.verdicts import judge
+from harness.errors import ConfigError
+from harness.report.html import build
+from harness.report.summary import write_summary
+from harness.run.store import (
+    FORMAT_VERSION,
+    EngineMeta,
+    RunMeta,
+    read_meta,
+    results_frame,
+    steps_frame,
+    write_meta,
+    write_parquet,
+)
+from harness.scenario.spec import load
+from harness.types import Result
+
+from helpers import parity_in_process, write_scenario
+
+SCENARIO = """\
+model: tiny-llama
+engines:
+  ref: {engine: hf, reference: true}
+  other: {engine: hf, params: {repetition_penalty: 1.3}}
+prompts: [{id: a, text: "x"}, {id: b, text: "y"}]
+params: {temperature: 0, max_new_tokens: 3}
+"""
+
+
+def result(engine: str, case: str, ids: list[int], text: str = "<b>bold</b>") -> Result:
+    return Result(case_id=case, engine=engine, status="ok", prompt_ids=[1], token_ids=ids, text=text,
+                  chosen_logprobs=[-0.1] * len(ids), top_ids=[[i, 9] for i in ids],
+                  top_logprobs=[[-0.1, -2.0]] * len(ids), finish_reason="length")
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    """A run directory written by the store's own functions from hand-built results."""
+    scenario = load(write_scenario(tmp_path / "s.yaml", SCENARIO))
+    results = [result("ref", "a", [5, 6, 7]), result("ref", "b", [5, 6, 7]), result("other", "a", [5, 6, 7]),
+               result("other", "b", [5, 8, 7])]
+    verdicts = judge(scenario, {(r.engine, r.case_id): r for r in results}, lambda t: f"tok{t}")
+    run = tmp_path / "reports" / "20261123-000000-s"
+    run.mkdir(parents=True)
+    engine = EngineMeta(engine="hf", dtype="float32", threads=1, python="python", model_path=str(tmp_path / "gone"))
+    meta = RunMeta(run_id=run.name, scenario="s.yaml", scenario_name="s", scenario_text=SCENARIO, model="tiny-llama",
+                   reference="ref", started="now", status="finished", exit_code=1,
+                   engines={"ref": engine, "other": engine})
+    write_parquet(run / "results.parquet", results_frame(results, {}, {}))
+    write_parquet(run / "steps.parquet", steps_frame(results))
+    write_parquet(run / "verdicts.parquet", verdicts)
+    write_meta(run, meta)
+    write_summary(run / "summary.md", meta, verdicts)
+    return run
+
+
+def test_a_stored_run_renders_to_markdown_and_html(run_dir: Path) -> None:
+    summary = (run_dir / "summary.md").read_text()
+    assert "| a | other | match |" in summary and "| b | other | diverged | NO | 1 |" in summary
+    html = build(run_dir)
+    assert "id='verdicts'" in html and "class='diverged'" in html and "top-k at step 1" in html
+    assert "&lt;b&gt;" not in html or "<b>bold</b>" not in html  # engine text never lands unescaped
+    assert json.loads((run_dir / "run.json").read_text())["format_version"] == FORMAT_VERSION
+    done = parity_in_process("report", str(run_dir))
+    assert done.code == 0 and (run_dir / "report.html").exists()
+
+
+def test_a_baseline_is_saved_from_a_stored_run_and_compared(run_dir: Path, tmp_path: Path) -> None:
+    path = save(run_dir, tmp_path / "baselines")
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1 + 4 and json.loads(lines[0])["scenario"] == "s"
+    old = json.loads(lines[1])
+    moved = {**old, "token_ids": old["token_ids"][:1] + [99] + old["token_ids"][2:]}
+    assert compare_to_baseline(old, moved, 1e-3) == ["tokens moved against the baseline from step 1"]
+    assert compare_to_baseline(old, old, 1e-3) == []
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda run: (run / "run.json").unlink(), "not a run directory (no run.json)"),
+    (lambda run: (run / "run.json").write_text("{not json"), "run.json: unreadable"),
+    (lambda run: (run / "run.json").write_text("[1, 2]"), "not a run.json"),
+    (lambda run: _edit(run, lambda m: m.pop("format_version")), "run-directory format 1"),
+    (lambda run: _edit(run, lambda m: m.update(status=3)), "run.json: status"),
+    (lambda run: (run / "results.parquet").write_bytes(b"PAR1 truncated"), "results.parquet: unreadable parquet"),
+    (lambda run: (run / "steps.parquet").unlink(), "steps.parquet: missing"),
+])
+def test_damaged_run_directories_are_one_line_errors(run_dir: Path, damage, words: str) -> None:
+    damage(run_dir)
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        build(run_dir)
+    for args in (["report", str(run_dir)], ["baseline", "save", str(run_dir), "--to", str(run_dir / "b")]):
+        done = parity_in_process(*args)
+        assert done.code == 2 and words.split(":")[-1].strip().split()[0] in done.stderr
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def _edit(run: Path, change) -> None:
+    meta = json.loads((run / "run.json").read_text())
+    change(meta)
+    (run / "run.json").write_text(json.dumps(meta))
+
+
+def test_read_meta_round_trips(run_dir: Path) -> None:
+    meta = read_meta(run_dir)
+    assert meta.reference == "ref" and meta.engines["other"].dtype == "float32"

@@ -1,0 +1,137 @@
+"""Verdict rules on hand-built results (no engines): how a generation ended, the measured tie margin, the shared
+"emitted token is not the engine's own top-1" check, the silent-wrong-token hazard, expectations."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from harness.compare.ending import as_compared, ended_by
+from harness.compare.own_top1 import off_top1, top_probability
+from harness.compare.verdicts import COLUMNS, Verdict, judge
+from harness.scenario.spec import load
+from harness.scenario.vocabulary import SamplingParams
+from harness.types import Result
+
+from helpers import write_scenario
+
+EOS = 2
+SCENARIO = """\
+model: tiny-llama
+engines:
+  ref: {engine: hf, reference: true}
+  other: {engine: hf, params: PARAMS, expect: {tokens: EXPECT}}
+prompts: [{id: a, text: "x"}]
+params: {temperature: 0, max_new_tokens: 4}
+"""
+WORDS = {1: "<s>", 2: "</s>", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
+
+
+def decode(token: int) -> str:
+    return WORDS.get(int(token), f"#{token}")
+
+
+def result(engine: str, ids: list[int], chosen: list[float], tops: list[list[int]], top_lps: list[list[float]],
+           finish: str = "length", status: str = "ok") -> Result:
+    return Result(case_id="a", engine=engine, status=status, prompt_ids=[1], token_ids=ids, chosen_logprobs=chosen,
+                  top_ids=tops, top_logprobs=top_lps, finish_reason=finish)
+
+
+def scenario(tmp_path: Path, params: str = "{}", expect: str = "exact"):
+    return load(write_scenario(tmp_path / "s.yaml", SCENARIO.replace("PARAMS", params).replace("EXPECT", expect)))
+
+
+def verdict(tmp_path: Path, ref: Result, other: Result, **kwargs) -> Verdict:
+    frame = judge(scenario(tmp_path, **kwargs), {("ref", "a"): ref, ("other", "a"): other}, decode)
+    assert list(frame.columns) == COLUMNS
+    row = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in frame.iloc[0].to_dict().items()}
+    return Verdict.model_validate(row)
+
+
+REF = result("ref", [5, 6, EOS], [-0.1, -0.5, -0.2], [[5, 9], [6, 8], [EOS, 7]], [[-0.1, -3], [-0.5, -1.5], [-0.2, -3]],
+             finish="stop")
+
+
+def test_an_eos_the_engine_did_not_return_is_not_a_divergence(tmp_path: Path) -> None:
+    params = SamplingParams(temperature=0, max_new_tokens=4)
+    dropped = result("other", [5, 6], [-0.1, -0.5], [[5, 9], [6, 8]], [[-0.1, -3], [-0.5, -1.5]], finish="stop")
+    assert ended_by(REF, params, {EOS}) == "eos"
+    assert ended_by(dropped, params, {EOS}) == "eos_not_returned"
+    compared = as_compared(dropped, "eos_not_returned", EOS)
+    assert compared.token_ids == [5, 6, EOS] and math.isnan(compared.chosen_logprobs[-1])
+    row = verdict(tmp_path, REF, compared)
+    assert row.verdict == "match" and row.max_abs_logprob_delta == 0.0
+    # without the normalisation the same answer diverges at the last step
+    assert verdict(tmp_path, REF, dropped).verdict == "diverged"
+
+
+def test_how_a_generation_ended() -> None:
+    params = SamplingParams(temperature=0, max_new_tokens=2, stop=["six"])
+    full = result("x", [5, 6], [-0.1, -0.5], [[5], [6]], [[-0.1], [-0.5]], finish="length")
+    assert ended_by(full, params, {EOS}) == "length"
+    stopped = full.model_copy(update={"text": "five six", "finish_reason": "stop", "token_ids": [5]})
+    assert ended_by(stopped, params, {EOS}) == "stop_string"
+    ignoring = SamplingParams(max_new_tokens=3, ignore_eos=True)
+    assert ended_by(REF, ignoring, {EOS}) == "length"
+    assert ended_by(result("x", [], [], [], [], status="error"), params, {EOS}) == ""
+
+
+def test_runner_up_within_the_measured_noise_is_a_benign_tie(tmp_path: Path) -> None:
+    ref = result("ref", [5, 6, 7], [-0.1, -0.70, -0.2], [[5, 9], [6, 8], [7, 3]], [[-0.1, -3], [-0.70, -0.72],
+                                                                                   [-0.2, -3]])
+    tie = result("other", [5, 8, 7], [-0.09, -0.71, -0.2], [[5, 9], [8, 6], [7, 3]], [[-0.09, -3], [-0.71, -0.715],
+                                                                                        [-0.2, -3]])
+    row = verdict(tmp_path, ref, tie, expect="benign_ties")
+    assert row.verdict == "benign_tie" and row.expected  # margin 0.02 <= 2 x 0.01 measured on step 0
+    assert "near-tie" in row.explanation
+    assert verdict(tmp_path, ref, tie, expect="exact").expected is False
+
+
+def test_a_greedy_token_that_is_not_the_engines_own_top1_names_sampler_semantics(tmp_path: Path) -> None:
+    # the other engine's own raw logits rank 'six' first, yet it emitted 'eight': chosen after the logits
+    other = result("other", [5, 8, EOS], [-0.1, -1.5, -0.2], [[5, 9], [6, 8], [EOS, 7]],
+                   [[-0.1, -3], [-0.5, -1.5], [-0.2, -3]], finish="stop")
+    row = verdict(tmp_path, REF, other, params="{repetition_penalty: 1.3}")
+    assert row.verdict == "diverged" and row.first_divergence == 1
+    assert "other emitted 'eight' although its own raw logits rank 'six' first (1 nats higher)" in row.explanation
+    assert "sampler or penalty semantics, not numerics" in row.explanation
+    assert "repetition_penalty: unset vs 1.3" in row.explanation
+
+
+def test_a_near_certain_token_not_emitted_is_a_silent_wrong_token_hazard(tmp_path: Path) -> None:
+    """fp16 logits / temperature 3e-4 on CUDA: lmdeploy's kernel returned its first candidate (',') where its own
+    distribution puts '.' at probability ~1. It fails the case even where any tokens are accepted."""
+    params = "{do_sample: true, temperature: 0.0003, seed: 0}"
+    ref = result("ref", [5, 6], [-0.1, -0.5], [[5, 9], [6, 8]], [[-0.1, -3], [-0.5, -1.78]])
+    other = result("other", [5, 8], [-0.1, -1.78], [[5, 9], [6, 8]], [[-0.1, -3], [-0.5, -1.78]])
+    row = verdict(tmp_path, ref, other, params=params, expect="any")
+    assert row.verdict == "hazard" and not row.expected
+    assert row.explanation.startswith("hazard: silent wrong token: at step 1 other's own raw logprobs put 'six' first")
+    # at temperature 1 the same step is an ordinary sample, not a hazard
+    assert verdict(tmp_path, ref, other, params="{do_sample: true, temperature: 1.0, seed: 0}",
+                   expect="any").verdict == "diverged"
+
+
+def test_top_probability_after_temperature_is_a_lower_bound() -> None:
+    import numpy as np
+
+    top = np.array([[-0.5, -1.78, -4.0]])
+    assert top_probability(top, 3e-4)[0] > 1 - 1e-12
+    assert top_probability(top, 1.0)[0] < 0.8
+    found = off_top1(result("x", [8], [-1.78], [[6, 8]], [[-0.5, -1.78]]), None)
+    assert len(found) == 1 and found[0].certain and found[0].top1 == 6 and found[0].emitted == 8
+
+
+def test_engine_errors_are_verdicts_with_the_error(tmp_path: Path) -> None:
+    failed = Result.engine_error("a", "other", "engine error: worker killed by signal 9 (SIGKILL)")
+    row = verdict(tmp_path, REF, failed)
+    assert row.verdict == "engine_error" and not row.expected and "SIGKILL" in row.explanation
+
+
+@pytest.mark.parametrize("expect, ok", [("exact", False), ("any", True)])
+def test_expectations(tmp_path: Path, expect: str, ok: bool) -> None:
+    other = result("other", [5, 7, EOS], [-0.1, -2.0, -0.2], [[5, 9], [7, 6], [EOS, 7]], [[-0.1, -3], [-2.0, -2.1],
+                                                                                          [-0.2, -3]])
+    assert verdict(tmp_path, REF, other, expect=expect).expected is ok
