@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.scenario.vocabulary import GREEDY_IRRELEVANT, SamplingParams
+from harness.scenario.vocabulary import GREEDY_IRRELEVANT, REQUEST_KNOBS, SamplingParams
 from harness.types import Request, Result, TraceRequest, TraceResult, Translation
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -66,6 +66,26 @@ class SamplingCode:
 
 
 @dataclass(frozen=True)
+class Knob:
+    """How an engine turns one invariance knob: option overrides of its baseline and of its variant configuration
+    (empty: the engine as the scenario configures it; equal overrides: both sides in one configuration), or why it
+    cannot (`unsupported`, naming what is missing)."""
+
+    baseline: dict[str, Any] = field(default_factory=dict)
+    variant: dict[str, Any] = field(default_factory=dict)
+    unsupported: str = ""
+
+
+def request_knobs(name: str, options: Any, server: bool) -> Knob:
+    """The knobs every engine turns with requests alone: repeat, order, seed; and concurrency for a server."""
+    if name in REQUEST_KNOBS or (server and name == "concurrency"):
+        return Knob()
+    if name == "concurrency":
+        return Knob(unsupported="an in-process engine has no concurrent requests: see batch")
+    return Knob(unsupported="this engine does not describe how to turn it")
+
+
+@dataclass(frozen=True)
 class EngineDescription:
     """Everything the harness needs to know about an engine. Registered by the engine's module (built-in) or through
     the `llm_parity.engines` entry-point group (third-party)."""
@@ -78,6 +98,7 @@ class EngineDescription:
     capabilities: Capabilities = Capabilities()
     sampling: Callable[[Any], SamplingCode | None] | None = None  # options -> its sampling code, if it has any
     dialect: Callable[[Any], str | None] | None = None  # options -> the server dialect it speaks (server engines)
+    knobs: Callable[[str, Any], Knob] | None = None  # (knob, options) -> how it turns an invariance knob
 
     @property
     def factory(self) -> str:
@@ -92,6 +113,12 @@ class EngineDescription:
 
     def dialect_name(self, options: dict[str, Any]) -> str | None:
         return self.dialect(self.parse_options(options)) if self.dialect else None
+
+    def knob(self, name: str, options: dict[str, Any]) -> Knob:
+        parsed = self.parse_options(options)
+        if self.knobs is not None:
+            return self.knobs(name, parsed)
+        return request_knobs(name, parsed, self.capabilities.server)
 
     def needs_cuda(self, options: dict[str, Any]) -> bool:
         return self.requirement.cuda and not options.get("url")

@@ -22,7 +22,7 @@ def _note(kind: str, text: str) -> None:
 
 
 def run_and_print(scenario: LoadedScenario, out: Path, selection: Selection, parallel: int | None) -> RunOutcome:
-    from harness.report.summary import print_verdicts
+    from harness.report.summary import print_invariance, print_verdicts
 
     progress = EngineProgress()
 
@@ -37,6 +37,8 @@ def run_and_print(scenario: LoadedScenario, out: Path, selection: Selection, par
         progress.stop()
     if not outcome.verdicts.empty:
         print_verdicts(outcome.verdicts, outcome.scenario.spec.reference)
+    if not outcome.invariance.empty:
+        print_invariance(outcome.invariance)
     for name, warnings in outcome.warnings.items():
         for warning in warnings:
             _note("warning", f"{name}: {warning}")
@@ -140,7 +142,7 @@ def params_and_print(scenario: LoadedScenario, selection: Selection, all_rows: b
 def gate_and_print(scenarios: list[LoadedScenario], baseline: Path, out: Path, selection: Selection,
                    parallel: int | None, junit: Path | None, summary: Path | None) -> int:
     from harness.compare import baseline as baselines
-    from harness.compare.gate import DEFAULT_LOGPROB_TOLERANCE, judge_run
+    from harness.compare.gate import DEFAULT_LOGPROB_TOLERANCE, invariance_cases, judge_run
     from harness.report.ci import write_outputs
 
     for scenario in scenarios:  # a missing baseline is a config error before anything runs
@@ -154,6 +156,7 @@ def gate_and_print(scenarios: list[LoadedScenario], baseline: Path, out: Path, s
         tolerances = {name: scenario.spec.engine_expectation(name).max_logprob_delta or DEFAULT_LOGPROB_TOLERANCE
                       for name in scenario.spec.engines}
         cases += judge_run(outcome.run_dir, baseline, expected, tolerances)
+        cases += invariance_cases(scenario.name, outcome.invariance)
     for line in write_outputs(cases, junit, summary):
         print(line)
     failed = [c for c in cases if not c.passed]

@@ -6,15 +6,19 @@ import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
+from pydantic import Field, model_validator
+
 from adapters.contract import (
     DTYPES,
     Capabilities,
     EngineDescription,
     InProcessOptions,
+    Knob,
     Requirement,
     SamplingCode,
     apply_patch,
     greedy_ignored,
+    request_knobs,
     top_k_of,
 )
 from adapters.tracing.capture import Capture, run_traces
@@ -25,6 +29,28 @@ from harness.types import EngineSetup, Request, Result, TraceRequest, TraceResul
 class Options(InProcessOptions):
     attn_implementation: Literal["eager", "sdpa"] = "sdpa"
     batched: bool = False  # True: cases with equal params go through generate() together, left-padded
+    # n-gram speculative decoding (HF's prompt-lookup decoding): draft this many tokens from the prompt per step;
+    # one request at a time
+    prompt_lookup: int | None = Field(None, ge=1, le=16)
+
+    @model_validator(mode="after")
+    def _lookup_needs_single_rows(self) -> Options:
+        if self.prompt_lookup and self.batched:
+            raise ValueError("prompt_lookup drafts for one sequence at a time: drop batched: true")
+        return self
+
+
+def knobs(name: str, options: Options) -> Knob:
+    """How HF turns the invariance knobs: batching through batched generate(), speculative decoding through
+    prompt-lookup decoding; it has no cross-request cache and prefills a prompt in one pass."""
+    turned = {"batch": Knob(variant={"batched": True}), "speculative": Knob(variant={"prompt_lookup": 3})}
+    missing = {
+        "prefix_cache": "HF transformers keeps no KV cache across generate() calls, so there is no prefix cache",
+        "chunked_prefill": "HF generate() prefills each prompt in one forward pass",
+        "batch_invariant": "a vLLM mode (VLLM_BATCH_INVARIANT); HF has no such switch"}
+    if name in turned:
+        return turned[name]
+    return Knob(unsupported=missing[name]) if name in missing else request_knobs(name, options, server=False)
 
 
 def translate(params: SamplingParams) -> Translation:
@@ -83,7 +109,10 @@ class Engine:
         return {"transformers": transformers.__version__, "torch": self.torch.__version__}
 
     def translate(self, params: SamplingParams, top_logprobs: int) -> Translation:
-        return translate(params)
+        translation = translate(params)
+        if self.options.prompt_lookup:
+            translation.native_params["prompt_lookup_num_tokens"] = self.options.prompt_lookup
+        return translation
 
     def generate(self, requests: list[Request]) -> Iterator[Result]:
         for request in requests:
@@ -140,10 +169,12 @@ class Engine:
         import copy
 
         torch = self.torch
-        translation = translate(request.params)
+        translation = self.translate(request.params, request.top_logprobs)
         kwargs = {k: v for k, v in translation.native_params.items() if k not in ("torch_manual_seed", "stop_strings")}
         prompt = torch.tensor([request.prompt_ids])
         started = time.perf_counter()
+        if self.options.prompt_lookup:  # drafting works on one sequence at a time
+            chunk = 1
         with torch.inference_mode():
             prefix = self.model(input_ids=prompt[:, :-1], use_cache=True).past_key_values
             torch.manual_seed(translation.native_params.get("torch_manual_seed", 0))
@@ -151,7 +182,8 @@ class Engine:
             while len(samples) < request.num_samples:
                 rows = min(chunk, request.num_samples - len(samples))
                 cache = copy.deepcopy(prefix)
-                cache.batch_repeat_interleave(rows)
+                if rows > 1:
+                    cache.batch_repeat_interleave(rows)
                 out = self.model.generate(input_ids=prompt.expand(rows, -1), past_key_values=cache,
                                           attention_mask=torch.ones(rows, prompt.shape[1], dtype=torch.long),
                                           pad_token_id=self.pad_id, **kwargs)
@@ -227,4 +259,4 @@ DESCRIPTION = EngineDescription(
     name="hf", summary="HF transformers generate() on CPU", engine=Engine, options=Options,
     requirement=Requirement(module="transformers", distribution="transformers"),
     capabilities=Capabilities(traces=True, samples=True, dtypes=(*DTYPES, "float64")),
-    sampling=lambda options: SamplingCode("adapters.sampling.hf"))
+    sampling=lambda options: SamplingCode("adapters.sampling.hf"), knobs=knobs)

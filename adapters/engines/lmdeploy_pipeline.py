@@ -12,7 +12,15 @@ from typing import Any
 
 from pydantic import Field
 
-from adapters.contract import Capabilities, EngineDescription, EngineOptions, Requirement, SamplingCode
+from adapters.contract import (
+    Capabilities,
+    EngineDescription,
+    EngineOptions,
+    Knob,
+    Requirement,
+    SamplingCode,
+    request_knobs,
+)
 from adapters.engines.lmdeploy_params import Defaults, translate
 from harness.scenario.vocabulary import SamplingParams
 from harness.types import EngineSetup, Request, Result, Translation
@@ -102,4 +110,15 @@ DESCRIPTION = EngineDescription(
     requirement=Requirement(module="lmdeploy", distribution="lmdeploy", env="lmdeploy", cuda=True),
     capabilities=Capabilities(dtypes=LMDEPLOY_DTYPES),
     sampling=lambda options: SamplingCode("adapters.sampling.lmdeploy", {"mode": "pipeline",
-                                                                         "defaults": options.defaults}))
+                                                                         "defaults": options.defaults}),
+    knobs=lambda name, options: knobs(name, options))
+
+
+def knobs(name: str, options: Options) -> Knob:
+    """The adapter sends the pipeline one request at a time and sets none of its cache or scheduler switches: the
+    knobs that need only requests."""
+    if name == "batch":
+        return Knob(unsupported="the lmdeploy adapter sends the pipeline one request at a time")
+    if name in ("prefix_cache", "chunked_prefill", "speculative", "batch_invariant"):
+        return Knob(unsupported="the lmdeploy adapter does not set this engine switch (not checkable without CUDA)")
+    return request_knobs(name, options, server=False)

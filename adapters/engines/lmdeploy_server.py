@@ -12,8 +12,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from adapters.contract import Capabilities, EngineDescription, Requirement, SamplingCode
+from adapters.contract import Capabilities, EngineDescription, Knob, Requirement, SamplingCode
 from adapters.engines.lmdeploy_pipeline import LMDEPLOY_DTYPES
+from adapters.engines.openai import attached_knobs
 from adapters.http.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
 from harness.types import EngineSetup
 
@@ -57,4 +58,11 @@ DESCRIPTION = EngineDescription(
     sampling=lambda options: SamplingCode("adapters.sampling.lmdeploy", {
         "mode": "server", "defaults": options.defaults,
         "generation_config": options.generation_config if not options.url else "auto"}),
-    dialect=lambda options: "lmdeploy")
+    dialect=lambda options: "lmdeploy", knobs=lambda name, options: knobs(name, options))
+
+
+def knobs(name: str, options: Options) -> Knob:
+    """The knobs that need only requests; the adapter sets none of the server's cache or scheduler switches."""
+    if options.url or name not in ("prefix_cache", "chunked_prefill", "speculative", "batch_invariant"):
+        return attached_knobs(name, options)
+    return Knob(unsupported="the lmdeploy-server adapter does not set this server switch (not checkable without CUDA)")

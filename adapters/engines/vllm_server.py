@@ -3,15 +3,17 @@ and talks to it as the `openai` engine does, in the vLLM dialect (token-id promp
 
 from __future__ import annotations
 
+import json
 import os
 import sys
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
-from adapters.contract import Capabilities, EngineDescription, Requirement, SamplingCode
+from adapters.contract import Capabilities, EngineDescription, Knob, Requirement, SamplingCode, request_knobs
 from adapters.engines.vllm_offline import Options as OfflineOptions
 from adapters.engines.vllm_offline import context_length, prepare_env, remove_socket_dir, socket_dir
+from adapters.engines.vllm_offline import knobs as offline_knobs
 from adapters.http.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
 from harness.types import EngineSetup
 
@@ -24,6 +26,30 @@ class Options(ServedOptions):
     # vllm: no defaults from the model's generation_config.json (what offline vLLM does here); auto: vLLM's own
     # server default, which takes temperature, top_p, repetition_penalty... from that file
     generation_config: Literal["vllm", "auto"] = "vllm"
+    prefix_caching: bool | None = None  # None: vLLM's default
+    chunked_prefill: bool | None = None
+    max_num_batched_tokens: int | None = Field(None, ge=8)
+    speculative: dict[str, Any] | None = None  # vLLM's --speculative-config
+    batch_invariant: bool = False  # VLLM_BATCH_INVARIANT=1
+
+
+def knobs(name: str, options: Options) -> Knob:
+    """A server batches what arrives together: batching is turned through concurrency. Its configuration knobs
+    are the offline engine's, as server flags, when the harness starts it; an attached server's are not ours."""
+    if name == "batch":
+        return Knob(unsupported="a server batches the requests that arrive together: see concurrency")
+    configured = offline_knobs(name, options)
+    if configured.baseline or configured.variant:
+        if options.url:
+            return Knob(unsupported="attached to a server the harness did not start: its configuration is not the "
+                                    "harness's to change")
+        return configured
+    return request_knobs(name, options, server=True)
+
+
+def _flag(cmd: list[str], value: bool | None, name: str) -> None:
+    if value is not None:
+        cmd.append(f"--{'' if value else 'no-'}{name}")
 
 
 def command(setup: EngineSetup, port: int, options: Options) -> list[str]:
@@ -36,6 +62,12 @@ def command(setup: EngineSetup, port: int, options: Options) -> list[str]:
     max_model_len = options.max_model_len or context_length(setup.max_context)
     if max_model_len:
         cmd += ["--max-model-len", str(max_model_len)]
+    _flag(cmd, options.prefix_caching, "enable-prefix-caching")
+    _flag(cmd, options.chunked_prefill, "enable-chunked-prefill")
+    if options.max_num_batched_tokens:
+        cmd += ["--max-num-batched-tokens", str(options.max_num_batched_tokens)]
+    if options.speculative:
+        cmd += ["--speculative-config", json.dumps(options.speculative)]
     return cmd + options.extra_args
 
 
@@ -45,7 +77,8 @@ class Engine(ServedEngine):
 
     def launch(self, setup: EngineSetup, port: int) -> Launch:
         sockets = socket_dir(setup.workdir)
-        env_options = OfflineOptions(kv_cache_gib=self.options.kv_cache_gib, multiprocessing=True)
+        env_options = OfflineOptions(kv_cache_gib=self.options.kv_cache_gib, multiprocessing=True,
+                                     batch_invariant=self.options.batch_invariant)
         env = {**os.environ, **prepare_env(setup.workdir, env_options, sockets)}
         return Launch(command(setup, port, self.options), env, cleanup=lambda: remove_socket_dir(sockets))
 
@@ -61,4 +94,4 @@ DESCRIPTION = EngineDescription(
     sampling=lambda options: SamplingCode("adapters.sampling.vllm", {
         "mode": "server", "defaults": options.defaults,
         "generation_config": options.generation_config if not options.url else "auto"}),
-    dialect=lambda options: "vllm")
+    dialect=lambda options: "vllm", knobs=knobs)

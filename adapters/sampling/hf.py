@@ -47,9 +47,10 @@ def effective(model_path: Path, params: SamplingParams, dtype: str) -> Effective
     try:
         model = meta_model(model_path)
         config = merged_config(model, native)
-        config.validate(strict=True)
+        config.validate()  # what generate() does: errors raise, minor issues only warn
     except ValueError as exc:
         return Effective.refused("hf", str(exc).splitlines()[0])
+    ignored = minor_issues(config)
     json_config = model.generation_config.to_diff_dict()
     sources = {}
     for field in SOURCED:
@@ -65,19 +66,33 @@ def effective(model_path: Path, params: SamplingParams, dtype: str) -> Effective
         max_new_tokens=config.max_new_tokens, min_new_tokens=config.min_new_tokens or 0,
         seed=native.get("torch_manual_seed"), logits_dtype="float32",
         processors=processor_names(model, config, [1]), sources=sources,
-        extra=settings_table(model_path, lambda key, value: _applies(config, key)),
+        extra=settings_table(model_path, lambda key, value: _applies(config, key, ignored)),
         notes=[f"{f}={json_config[f]} from the model's generation_config.json"
                for f, s in sources.items() if s == "generation_config.json"
-               and (sampling or f not in GREEDY_IRRELEVANT)])
+               and (sampling or f not in GREEDY_IRRELEVANT)]
+        + [f"generate() warns and ignores {key}: {issue}" for key, issue in ignored.items()])
 
 
-def _applies(config: Any, key: str) -> tuple[str, str]:
+def minor_issues(config: Any) -> dict[str, str]:
+    """The settings generate() only warns about and does not use (e.g. a sampling flag while decoding greedily),
+    as its own strict validation lists them: attribute -> the reason."""
+    try:
+        config.validate(strict=True)
+    except ValueError as exc:
+        lines = str(exc).splitlines()
+        return {line.split("`")[1]: line.split(":", 1)[1].strip() for line in lines if line.startswith("- `")}
+    return {}
+
+
+def _applies(config: Any, key: str, ignored: dict[str, str]) -> tuple[str, str]:
     """HF merges every generation_config.json field into the config generate() uses; one it does not know is kept
-    but unused."""
+    but unused, and one it only warns about (a sampling flag while greedy) is ignored."""
     from transformers import GenerationConfig
 
     if not hasattr(GenerationConfig(), key):
         return "no", "not a transformers generation setting: kept in the config, never used"
+    if key in ignored:
+        return "no", f"generate() warns and ignores it: {ignored[key]}"
     return "yes", f"generate() uses {key}={getattr(config, key)!r}"
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from harness.compare import baseline
 from harness.compare.baseline import records_from_run
@@ -73,3 +74,11 @@ def judge_run(run_dir: Path, baseline_dir: Path, expected: dict[tuple[str, str],
                                                                                          DEFAULT_LOGPROB_TOLERANCE))
         cases.append(case)
     return cases
+
+
+def invariance_cases(scenario: str, rows: pd.DataFrame) -> list[GateCase]:
+    """One gate case per invariance knob and engine: it fails when the knob is out of its expectation (a knob
+    listed under invariance.identical that is no longer identical, a control that did not fire, ...)."""
+    return [GateCase(scenario, f"invariance:{r.knob}", r.engine,
+                     [] if r.expected else [f"invariance {r.knob}: {r.verdict}: {r.explanation}"])
+            for r in rows.itertuples()]

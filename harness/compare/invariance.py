@@ -68,13 +68,15 @@ def judge_pair(baseline: list[Result], variant: list[Result], decode: Callable[[
         return {**common, "verdict": "tokens_identical",
                 "explanation": f"token ids equal on {len(baseline)} case(s); logprobs drift by up to {drift:.3g}"}
     row = diverged.sort_values("first_divergence").iloc[0]
-    step, margin = int(row["first_divergence"]), float(row["ref_top2_margin"])
+    step = int(row["first_divergence"])
+    case = next(r for r in baseline if r.case_id == row["case_id"])
+    gap = _gap(case, step, int(row["engine_token"]))
     tie = 2.0 * drift if drift else noise_margin(frame)
-    near_tie = bool(row["tie_candidate"]) and margin <= tie
-    reason = (f"a near-tie flip: the baseline's top-2 margin there is {margin:.3g} nats, within twice the drift "
-              f"seen on shared steps ({tie:.3g})" if near_tie else
-              f"a real difference: the baseline's top-2 margin there is {margin:.3g} nats, beyond the drift seen on "
-              f"shared steps ({drift:.3g})")
+    near_tie = gap is not None and gap <= tie
+    where = ("the variant's token is not in the baseline's top-k there" if gap is None else
+             f"the baseline ranks the variant's token {gap:.3g} nats below its own")
+    reason = (f"a near-tie flip: {where}, within twice the drift seen on shared steps ({tie:.3g})" if near_tie else
+              f"a real difference: {where}, beyond the drift seen on shared steps ({drift:.3g})")
     return {**common, "verdict": "diverged", "first_divergence": step, "case_id": row["case_id"],
             "explanation": (f"{len(diverged)} of {len(baseline)} case(s) diverge; first {row['case_id']} at step "
                             f"{step}: baseline {_token(decode, row['ref_token'])}, variant "
@@ -97,6 +99,15 @@ def judge_samples(baseline: list[Result], variant: list[Result], steps: int, alp
     return {"verdict": verdict, "cases": len(baseline), "case_id": worst_case,
             "explanation": (f"G-test on the first {steps} token(s), {counts}: smallest p={worst['p']:.3g} "
                             f"({worst_case}; threshold {threshold:.3g} = alpha {alpha:g} / {len(baseline)} cases)")}
+
+
+def _gap(baseline: Result, step: int, token: int) -> float | None:
+    """How far below its own choice the baseline ranked the token the variant chose at this step (None: not in its
+    top-k). An exact tie between several tokens is a gap of 0 whichever of them the variant took."""
+    if step >= len(baseline.top_ids) or token not in baseline.top_ids[step]:
+        return None
+    values = baseline.top_logprobs[step]
+    return float(values[0] - values[baseline.top_ids[step].index(token)])
 
 
 def control_expected(verdict: str) -> bool:

@@ -208,6 +208,26 @@ def _explain_section(run_dir: Path) -> str:
     return "".join(out)
 
 
+def _invariance_section(run_dir: Path) -> str:
+    """Each engine against itself: the knob x engine table, then every knob's baseline, variant and why."""
+    from harness.report.summary import invariance_table, knob_label
+
+    rows = read_parquet(run_dir, "invariance.parquet", required=False)
+    if rows is None or rows.empty:
+        return ""
+    headers, table = invariance_table(rows)
+    out = ["<h2 id='invariance'>Invariance (each engine against itself)</h2><table id='invariance-table'><tr>"
+           + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr>"]
+    out += ["<tr>" + "".join(f"<td class='{'no' if cell.endswith(' NO') else ''}'>{_e(cell)}</td>" for cell in row)
+            + "</tr>" for row in table]
+    out.append("</table><table><tr><th>engine</th><th>knob</th><th>baseline</th><th>variant</th><th>verdict</th>"
+               "<th>explanation</th></tr>")
+    out += [f"<tr class='{'' if r.expected else 'no'}'><td>{_e(r.engine)}</td><td>{_e(knob_label(r.knob, r.control))}"
+            f"</td><td>{_e(r.baseline)}</td><td>{_e(r.variant)}</td>"
+            f"<td>{_e(r.verdict)}</td><td>{_e(r.explanation)}</td></tr>" for r in rows.itertuples()]
+    return "\n".join(out) + "</table>"
+
+
 def _transplant_section(run_dir: Path) -> str:
     path = run_dir / "transplant" / "verdicts.json"
     if not path.exists():
@@ -233,7 +253,7 @@ def build(run_dir: Path) -> str:
     body.append(_verdict_table(verdicts) if not verdicts.empty else "<p>No verdicts (interrupted run).</p>")
     body.append("<h2>Cases</h2>")
     body += [_case_section(i, v, results, steps, reference, decode) for i, v in enumerate(verdicts.itertuples())]
-    body += [_explain_section(run_dir), _transplant_section(run_dir)]
+    body += [_invariance_section(run_dir), _explain_section(run_dir), _transplant_section(run_dir)]
     body += ["<h2>Params</h2><p>Rows where the engines were given different canonical params are marked.</p>",
              _params_table(results), "<h3>Effective params (each engine's own code, first case)</h3>",
              _effective_table(results), "<h2>Engines and machine</h2><table id='engines'><tr><th>engine</th>"

@@ -37,7 +37,38 @@ def print_verdicts(verdicts: pd.DataFrame, reference: str) -> None:
     print_table(f"verdicts vs reference '{reference}'", HEADERS, rows, styles)
 
 
-def write_summary(path: Path, meta: RunMeta, verdicts: pd.DataFrame) -> None:
+def invariance_table(rows: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Knob x engine: each cell the verdict, its step or drift, and whether it is as expected."""
+    engines = list(dict.fromkeys(rows["engine"]))
+    knobs = list(dict.fromkeys(rows["knob"]))
+    by = {(r.engine, r.knob): r for r in rows.itertuples()}
+    table = []
+    for knob in knobs:
+        cells = [knob]
+        for engine in engines:
+            r = by.get((engine, knob))
+            if r is None:
+                cells.append("")
+                continue
+            detail = (f" at step {int(r.first_divergence)} ({r.case_id})" if r.verdict == "diverged" else
+                      f", drift {r.max_abs_logprob_delta:.2g}" if r.verdict == "tokens_identical" else "")
+            cells.append(f"{r.verdict}{detail}{'' if r.expected else ' NO'}")
+        table.append(cells)
+    return ["knob", *engines], table
+
+
+def knob_label(knob: str, control: bool) -> str:
+    return f"{knob} (negative control)" if control and "control" not in knob else knob
+
+
+def print_invariance(rows: pd.DataFrame) -> None:
+    headers, table = invariance_table(rows)
+    styles = [["bold"] + ["red" if cell.endswith(" NO") else "green" if cell.startswith("identical") else ""
+                          for cell in row[1:]] for row in table]
+    print_table("invariance: the same engine under a baseline and a variant configuration", headers, table, styles)
+
+
+def write_summary(path: Path, meta: RunMeta, verdicts: pd.DataFrame, knobs: pd.DataFrame | None = None) -> None:
     lines = [f"# {meta.scenario_name}: run {meta.run_id}", "",
              f"- scenario: `{meta.scenario}`", f"- model: `{meta.model}`",
              f"- reference engine: `{meta.reference}`", f"- status: {meta.status}, exit code {meta.exit_code}",
@@ -55,6 +86,16 @@ def write_summary(path: Path, meta: RunMeta, verdicts: pd.DataFrame) -> None:
     else:
         lines += ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
         lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in verdict_rows(verdicts)]
+    if knobs is not None and not knobs.empty:
+        headers, table = invariance_table(knobs)
+        lines += ["", "## Invariance (each engine against itself)", "", "| " + " | ".join(headers) + " |",
+                  "|" + "---|" * len(headers)]
+        lines += ["| " + " | ".join(row) + " |" for row in table]
+        lines += ["", "| engine | knob | baseline | variant | verdict | ok | explanation |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r.engine} | {knob_label(r.knob, r.control)} | {r.baseline} | {r.variant} | "
+                  f"{r.verdict} | {'yes' if r.expected else 'NO'} | {r.explanation.replace('|', '/')} |"
+                  for r in knobs.itertuples()]
     if meta.effective_differences:
         lines += ["", "## Effective params that differ (computed by each engine's own code)", ""]
         lines += [f"- cases {', '.join(cases)}: {text}" for cases, text in meta.effective_differences]

@@ -17,6 +17,7 @@ from harness.compare.ending import as_compared, ended_by
 from harness.compare.verdicts import judge
 from harness.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARITY
 from harness.report.summary import write_summary
+from harness.run import invariance
 from harness.run.executor import EngineOutcome, Progress, run_engines
 from harness.run.plan import EnginePlan, engine_plan, select_engines, unavailable_engines
 from harness.run.store import EngineMeta, RunMeta, new_run_dir, results_frame, steps_frame, write_meta, write_parquet
@@ -48,6 +49,7 @@ class RunOutcome:
     interrupted: bool
     effective_differences: list[tuple[list[str], str]]
     skipped: dict[str, str] = field(default_factory=dict)  # engine -> why it could not run here (--allow-missing)
+    invariance: pd.DataFrame = field(default_factory=pd.DataFrame)  # invariance.parquet's rows, when asked for
 
 
 def plan_engines(scenario: LoadedScenario, run_dir: Path, prompt_ids: dict[str, list[int]]) -> list[EnginePlan]:
@@ -102,6 +104,7 @@ def execute(scenario: LoadedScenario, out_root: Path, selection: Selection, para
     prompt_ids = tokenize_prompts(tokenizer, list({c.prompt.id: c.prompt for c in scenario.cases}.values()))
     run_dir = new_run_dir(out_root, scenario.name)
     plans = plan_engines(scenario, run_dir, prompt_ids)
+    plans, checks = invariance.plan(scenario, plans, run_dir, tokenizer.encode(invariance.SHARED_PREFIX))
     meta = RunMeta(run_id=run_dir.name, scenario=str(scenario.path), scenario_name=scenario.name,
                    scenario_text=scenario.path.read_text(), model=spec.model, reference=spec.reference,
                    started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), machine=machine_info(), prompt_ids=prompt_ids,
@@ -120,30 +123,34 @@ def execute(scenario: LoadedScenario, out_root: Path, selection: Selection, para
     results = {(name, case_id): result for name, o in outcomes.items() for case_id, result in o.results.items()}
     ordered = [results[(n, c.case_id)] for n in names for c in scenario.cases if (n, c.case_id) in results]
     endings = _endings(scenario, ordered, models.eos_token_ids(ref_path))
-    compared = {key: as_compared(r, endings[key], min(models.eos_token_ids(ref_path), default=None))
-                for key, r in results.items()}
+    compared = {(r.engine, r.case_id): as_compared(r, endings[(r.engine, r.case_id)],
+                                                   min(models.eos_token_ids(ref_path), default=None)) for r in ordered}
     decode = lambda t: tokenizer.decode([t])  # noqa: E731
     judged = judge_samples if spec.sampling else judge
     verdicts = pd.DataFrame() if interrupted and not results else judged(scenario, compared, decode)
+    knob_rows = pd.DataFrame([row.model_dump() for row in invariance.judge(scenario, checks, results, decode)])
     params = {(n, c.case_id): c.engine_params[n].model_dump_json(exclude_none=True)
               for n in names for c in scenario.cases}
     write_parquet(run_dir / "results.parquet", results_frame(ordered, params, endings))
     write_parquet(run_dir / "steps.parquet", steps_frame(ordered))
     if not verdicts.empty:
         write_parquet(run_dir / "verdicts.parquet", verdicts)
+    if not knob_rows.empty:
+        write_parquet(run_dir / "invariance.parquet", knob_rows)
     warnings = {n: sorted({w for r in ordered if r.engine == n for w in r.warnings}) for n in names}
-    all_expected = verdicts.empty or bool(verdicts["expected"].all())  # no verdicts: only the reference ran
+    all_expected = (verdicts.empty or bool(verdicts["expected"].all())) and \
+        (knob_rows.empty or bool(knob_rows["expected"].all()))  # no verdicts: only the reference ran
     exit_code = EXIT_INTERRUPTED if interrupted else EXIT_OK if all_expected else EXIT_PARITY
     meta = meta.model_copy(update=dict(
         status="interrupted" if interrupted else "finished", wall_s=wall, exit_code=exit_code,
         engines={p.name: engine_meta(p, outcomes[p.name]) for p in plans}, warnings=warnings,
         effective_differences=effective.run_differences(names, ordered),
         finished=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
-    write_summary(run_dir / "summary.md", meta, verdicts)
+    write_summary(run_dir / "summary.md", meta, verdicts, knob_rows)
     meta.phases = {"prepare_s": prepare_s, "engines_s": wall, "write_s": time.perf_counter() - write_started}
     write_meta(run_dir, meta)
     return RunOutcome(scenario, run_dir, verdicts, warnings, exit_code, interrupted, meta.effective_differences,
-                      skipped)
+                      skipped, knob_rows)
 
 
 def _endings(scenario: LoadedScenario, results: list[Result], eos_ids: set[int]) -> dict[tuple[str, str], str]:

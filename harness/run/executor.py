@@ -94,12 +94,12 @@ class EngineRun:
                 return
 
     def run(self) -> EngineOutcome:
-        pending = list(self.plan.requests)
+        pending = self.plan.batches()
         self.plan.workdir.mkdir(parents=True, exist_ok=True)
         self.journal = open(self.plan.workdir / ("traces.jsonl" if self.plan.op == "trace" else "results.jsonl"), "a")
         try:
             while pending and not self.stopped.is_set():
-                batch, pending = pending[: self.plan.batch_size], pending[self.plan.batch_size:]
+                batch = pending.pop(0)
                 try:
                     if self.worker is None:
                         self._start_worker()
@@ -111,7 +111,8 @@ class EngineRun:
                     self._fail(batch, error)
                     self._discard_worker()
                     if self.outcome.restarts >= MAX_RESTARTS:
-                        self._fail(pending, f"not run: the worker failed {MAX_RESTARTS + 1} times ({error})")
+                        self._fail([r for b in pending for r in b],
+                                   f"not run: the worker failed {MAX_RESTARTS + 1} times ({error})")
                         pending = []
                     self.outcome.restarts += 1
         finally:

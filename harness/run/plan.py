@@ -31,6 +31,14 @@ class EnginePlan:
     case_timeout: float
     op: Op = "generate"
     import_paths: list[str] = field(default_factory=list)  # extra PYTHONPATH entries (the scenario's folder)
+    # requests in explicit groups, each sent to the engine in one call (a batch, or concurrent requests to a
+    # server); unset: `requests` in chunks of batch_size
+    groups: list[list[Request]] | None = None
+
+    def batches(self) -> list[list[Request] | list[TraceRequest]]:
+        if self.groups is not None:
+            return [list(group) for group in self.groups]
+        return [self.requests[i: i + self.batch_size] for i in range(0, len(self.requests), self.batch_size)]
 
     @property
     def name(self) -> str:
@@ -46,16 +54,19 @@ class EnginePlan:
 
 
 def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: list, op: Op = "generate",
-                dtype: str | None = None, plan_name: str | None = None) -> EnginePlan:
-    """The plan for one engine of a scenario; dtype and plan_name override the scenario's (a noise-floor run)."""
+                dtype: str | None = None, plan_name: str | None = None,
+                options: dict[str, Any] | None = None) -> EnginePlan:
+    """The plan for one engine of a scenario; dtype, plan_name and options override the scenario's (a noise-floor
+    run, another configuration of the engine)."""
     spec, engine = scenario.spec, scenario.spec.engines[name]
     description = registry.describe(engine.engine)
     dtype = dtype or spec.engine_dtype(name)
     plan_name = plan_name or name
-    code = description.sampling_code(engine.options)
+    options = engine.options if options is None else options
+    code = description.sampling_code(options)
     longest = max((_context(r) for r in requests), default=None)
     setup = EngineSetup(name=plan_name, model_path=models.resolve(spec.model, dtype, str(scenario.path)),
-                        dtype=dtype, options=engine.options, workdir=run_dir / "engines" / plan_name,
+                        dtype=dtype, options=options, workdir=run_dir / "engines" / plan_name,
                         trace=op == "trace", max_context=longest)
     timeouts = spec.engine_timeouts(name)
     package = None if description.capabilities.server else description.requirement.module

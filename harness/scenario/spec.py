@@ -11,10 +11,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.errors import ConfigError
-from harness.scenario.vocabulary import SamplingParams
+from harness.scenario.vocabulary import KNOBS, SamplingParams
 from harness.scenario.yaml_source import YamlSource
 
 Dtype = Literal["float32", "bfloat16", "float16"]
+KnobName = Literal[KNOBS]  # type: ignore[valid-type]
 
 
 class Strict(BaseModel):
@@ -55,6 +56,28 @@ class SamplingCheck(Strict):
     alpha: float = Field(0.01, gt=0, lt=1)
 
 
+class InvarianceSettings(Strict):
+    """Invariance checks: each knob runs the scenario's cases under a baseline and a variant configuration of the
+    same engine (harness.run.invariance) and compares them; a negative control (a change that must alter the
+    generation) runs with them. `identical` lists the knobs that must come out bitwise identical (the gate fails
+    otherwise); `samples` draws per case where a knob keeps the distribution but not the random stream
+    (speculative decoding while sampling)."""
+
+    knobs: list[KnobName] = Field(min_length=1)
+    engines: list[str] | None = None  # default: every engine of the scenario
+    identical: list[KnobName] = Field(default_factory=list)
+    samples: int = Field(400, ge=50)
+    steps: int = Field(1, ge=1, le=4)
+    alpha: float = Field(0.01, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _identical_are_run(self) -> InvarianceSettings:
+        missing = [k for k in self.identical if k not in self.knobs]
+        if missing:
+            raise ValueError(f"identical lists knobs that are not run: {missing}: add them to knobs")
+        return self
+
+
 class EngineSpec(Strict):
     engine: str
     reference: bool = False
@@ -66,6 +89,7 @@ class EngineSpec(Strict):
     batch_size: int = Field(8, ge=1, description="cases sent to the worker at once")
     expect: Expectation | None = None
     timeouts: Timeouts | None = None
+    invariance: list[KnobName] | None = None  # this engine's knobs, instead of invariance.knobs
 
 
 class PromptSpec(Strict):
@@ -98,6 +122,7 @@ class Scenario(Strict):
     timeouts: Timeouts = Field(default_factory=Timeouts)
     explain: ExplainSettings = Field(default_factory=ExplainSettings)
     sampling: SamplingCheck | None = None
+    invariance: InvarianceSettings | None = None
 
     @field_validator("engines")
     @classmethod
@@ -116,6 +141,22 @@ class Scenario(Strict):
         if unknown:
             raise ValueError(f"unknown param(s) {sorted(unknown)}; known: {sorted(SamplingParams.model_fields)}")
         return grid
+
+    @model_validator(mode="after")
+    def _invariance_engines_exist(self) -> Scenario:
+        unknown = [n for n in (self.invariance.engines or []) if n not in self.engines] if self.invariance else []
+        if unknown:
+            raise ValueError(f"invariance.engines: {unknown} not among the engines ({', '.join(self.engines)})")
+        return self
+
+    def invariance_knobs(self, name: str) -> list[str]:
+        """The knobs this engine turns: its own list, else the scenario's (if it is among invariance.engines)."""
+        settings, engine = self.invariance, self.engines[name]
+        if engine.invariance is not None:
+            return list(engine.invariance)
+        if settings is None or (settings.engines is not None and name not in settings.engines):
+            return []
+        return list(settings.knobs)
 
     @property
     def reference(self) -> str:

@@ -123,3 +123,10 @@ SHAPING = tuple(n for n in names(Group.PENALTY, Group.DECODING, Group.TRUNCATION
 
 def meaning(name: str) -> str:
     return PARAMS[name].meaning
+
+
+# Invariance knobs: each runs the same cases under a baseline and a variant configuration of one engine
+# (harness.run.invariance). The request knobs need nothing but requests, so every engine can turn them.
+KNOBS = ("repeat", "batch", "order", "concurrency", "prefix_cache", "chunked_prefill", "speculative",
+         "batch_invariant", "seed")
+REQUEST_KNOBS = ("repeat", "order", "seed")

@@ -268,13 +268,16 @@ def hazard_text(hazards: dict[str, list[dict]], ref_item: dict, item: dict, ref:
             what = h.get("error") or ", ".join(f"{h[k]} {k}" for k in ("+inf", "nan") if h.get(k)) + \
                 f" values in {h.get('dtype')}"
             events.append(f"{h['op']} at step {h['first_step']} ({h['steps']} step(s)): {what}")
-        parts.append(f"numerical hazard in {engine}'s sampler: " + "; then ".join(events))
+        parts.append(f"numerical hazard in {engine}'s sampler, its own code run on this machine's CPU: "
+                     + "; then ".join(events))
     clean = [n for n in (ref, name) if n not in hazards]
     if clean:
         dtypes = {n: i.get("effective", {}).get("logits_dtype") for n, i in ((ref, ref_item), (name, item))}
         parts.append(", ".join(f"{n} (sampling in {dtypes[n]})" for n in clean) + " has none on the same logits")
     threshold = _overflow_threshold(hazards, ref_item, item, ref, logits_path, request)
-    return ". ".join(parts) + (f". {threshold}" if threshold else "")
+    device = ("on a GPU the same inf/NaN can end differently (a CUDA sampling kernel may return a token instead of "
+              "raising): `parity run` there reports what happened, as a crash or as 'hazard: silent wrong token'")
+    return ". ".join(parts) + (f". {threshold}" if threshold else "") + f". {device}"
 
 
 def _overflow_threshold(hazards: dict, ref_item: dict, item: dict, ref: str, logits_path: str,

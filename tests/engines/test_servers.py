@@ -207,3 +207,33 @@ def test_interrupt_leaves_no_server_process(tmp_path: Path) -> None:
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr[-2000:]
     wait_for(lambda: not group_alive(server_pid), timeout=30)
+
+
+SERVER_KNOBS = """\
+name: server-knobs
+model: smollm2-135m
+engines:
+  hf: {{engine: hf, reference: true}}
+  served:
+    engine: openai
+    options: {{url: "{url}", dialect: vllm, api_key_env: {key}, concurrency: 4}}
+    invariance: [repeat, order, concurrency, seed, prefix_cache]
+prompts: ["one", "two", "three", "four"]
+params: {{temperature: 0, max_new_tokens: 12}}
+expect: {{tokens: any}}
+"""
+
+
+def test_the_knobs_a_server_turns_with_requests_alone(server_url, tmp_path: Path) -> None:
+    """Any OpenAI-compatible server, attached by url: repeat, order, concurrency and seed need only requests; its
+    configuration (prefix cache...) is not the harness's to change, and the report says so."""
+    scenario = write_scenario(tmp_path / "s.yaml", SERVER_KNOBS.format(url=server_url, key=API_KEY_ENV))
+    run = parity("run", str(scenario), out=tmp_path / "reports")
+    assert run.code == 0, run.stdout[-3000:]
+    knobs = pd.read_parquet(run.run_dir / "invariance.parquet").set_index("knob")
+    for knob in ("repeat", "order", "concurrency", "seed"):
+        assert knobs.loc[knob].verdict in ("identical", "tokens_identical"), knobs.loc[knob].explanation
+    assert knobs.loc["concurrency"].baseline == "one request at a time"
+    assert knobs.loc["prefix_cache"].verdict == "unsupported" and "not the harness's to change" in \
+        knobs.loc["prefix_cache"].explanation
+    assert knobs.loc["control"].verdict == "diverged" and knobs.loc["seed-control"].verdict == "diverged"

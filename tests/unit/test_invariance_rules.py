@@ -1,0 +1,82 @@
+"""Invariance verdicts on hand-built pairs (no engines): identical, tokens identical with drift, a near-tie flip vs
+a real difference, the G-test for sampled knobs, and negative controls."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from harness.compare.invariance import InvarianceRow, control_expected, judge_pair, judge_samples
+from harness.run.invariance import _config_name, _expected
+from harness.scenario.spec import load
+from harness.types import Result
+
+from helpers import write_scenario
+
+
+def result(case: str, ids: list[int], chosen: list[float], tops: list[list[int]], lps: list[list[float]],
+           samples: list[list[int]] | None = None) -> Result:
+    return Result(case_id=case, engine="e", status="ok", prompt_ids=[1], token_ids=ids, chosen_logprobs=chosen,
+                  top_ids=tops, top_logprobs=lps, samples=samples or [])
+
+
+BASE = [result("a", [5, 6, 7], [-0.1, -0.7, -0.2], [[5, 9], [6, 8], [7, 3]],
+               [[-0.1, -3], [-0.7, -0.7008], [-0.2, -3]]),
+        result("b", [4, 4], [-0.3, -0.4], [[4, 2], [4, 2]], [[-0.3, -2], [-0.4, -2]])]
+
+
+def test_bitwise_equal_is_identical() -> None:
+    verdict = judge_pair(BASE, [r.model_copy() for r in BASE], str)
+    assert verdict["verdict"] == "identical" and verdict["max_abs_logprob_delta"] == 0.0
+
+
+def test_equal_tokens_with_moved_logprobs_is_tokens_identical_with_the_drift() -> None:
+    moved = [r.model_copy(update={"chosen_logprobs": [v - 1e-5 for v in r.chosen_logprobs]}) for r in BASE]
+    verdict = judge_pair(BASE, moved, str)
+    assert verdict["verdict"] == "tokens_identical" and abs(verdict["max_abs_logprob_delta"] - 1e-5) < 1e-12
+
+
+def test_a_flip_within_the_drift_is_a_near_tie_and_beyond_it_a_real_difference() -> None:
+    flipped = result("a", [5, 8, 7], [-0.1005, -0.703, -0.2], [[5, 9], [8, 6], [7, 3]],
+                     [[-0.1005, -3], [-0.703, -0.704], [-0.2, -3]])
+    near = judge_pair(BASE, [flipped, BASE[1]], str)
+    assert near["verdict"] == "diverged" and near["first_divergence"] == 1 and near["case_id"] == "a"
+    assert "a near-tie flip" in near["explanation"]  # margin 0.0008 within twice the 0.0005 drift at step 0
+    far = result("b", [4, 2], [-0.3, -2.0], [[4, 2], [2, 4]], [[-0.3, -2], [-2.0, -2.1]])
+    real = judge_pair(BASE, [BASE[0], far], str)
+    assert real["verdict"] == "diverged" and "a real difference" in real["explanation"]
+
+
+def test_sampled_knobs_compare_distributions() -> None:
+    rng = random.Random(0)
+    draw = lambda weights: [[rng.choices([5, 6, 7], weights)[0]] for _ in range(600)]  # noqa: E731
+    same = judge_samples([result("a", [5], [], [], [], draw([5, 3, 2]))],
+                         [result("a", [5], [], [], [], draw([5, 3, 2]))], 1, 0.01)
+    assert same["verdict"] == "distribution_match"
+    moved = judge_samples([result("a", [5], [], [], [], draw([5, 3, 2]))],
+                          [result("a", [5], [], [], [], draw([2, 3, 5]))], 1, 0.01)
+    assert moved["verdict"] == "distribution_diverged" and "smallest p=" in moved["explanation"]
+
+
+def test_expectations_controls_and_identical_knobs() -> None:
+    row = InvarianceRow(engine="e", knob="batch", baseline="", variant="", verdict="tokens_identical")
+    assert _expected(row, []) and not _expected(row, ["batch"])
+    assert not _expected(row.model_copy(update={"verdict": "diverged", "explanation": "a real difference"}), [])
+    assert _expected(row.model_copy(update={"verdict": "diverged", "explanation": "a near-tie flip"}), [])
+    control = row.model_copy(update={"knob": "control", "control": True})
+    assert not _expected(control, []) and control_expected("diverged") and not control_expected("identical")
+
+
+def test_configuration_names_and_per_engine_knobs(tmp_path: Path) -> None:
+    assert _config_name("vllm", {}) == "vllm"
+    assert _config_name("vllm", {"speculative": {"method": "ngram"}}) == "vllm~speculative=ngram"
+    scenario = load(write_scenario(tmp_path / "s.yaml", """\
+model: tiny-llama
+engines:
+  a: {engine: hf, reference: true, invariance: [batch]}
+  b: {engine: vllm}
+  c: {engine: vllm}
+prompts: ["x"]
+invariance: {knobs: [repeat, order], engines: [b], identical: [repeat]}
+"""))
+    assert [scenario.spec.invariance_knobs(n) for n in "abc"] == [["batch"], ["repeat", "order"], []]
