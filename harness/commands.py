@@ -52,12 +52,26 @@ def run_and_print(scenario: LoadedScenario, out: Path, selection: Selection, par
 
 def explain_and_print(scenario: LoadedScenario, out: Path, selection: Selection, k: float | None,
                       parallel: int | None) -> int:
-    from harness.explain.orchestrate import explain_run
+    from harness.explain.beams import explain_beams, explanation_lines, split_cases
+    from harness.explain.orchestrate import choose_cases, explain_run
     from harness.explain.report import localisation_lines
 
     outcome = run_and_print(scenario, out, selection, parallel)
     if outcome.interrupted:
         return EXIT_INTERRUPTED
+    beam_ids, token_ids = split_cases(outcome, choose_cases(outcome, selection.cases))
+    if beam_ids:
+        with console.status(f"explain: each engine's beam-search loop on the reference model's numbers, "
+                            f"{len(beam_ids)} case(s)"):
+            beams = explain_beams(outcome, beam_ids)
+        for note in beams.notes:
+            _note("note", note)
+        for explanation in beams.explanations:
+            for line in explanation_lines(explanation):
+                console.print(line, highlight=False, markup=False)
+        console.print(f"explain: {beams.path}", highlight=False, markup=False)
+        if not token_ids:
+            return outcome.exit_code
     progress = EngineProgress()
 
     def on_start(names: list[str], cases: list[str]) -> None:
@@ -66,7 +80,7 @@ def explain_and_print(scenario: LoadedScenario, out: Path, selection: Selection,
 
     workers = parallel or max(1, (os.cpu_count() or 1) // outcome.scenario.spec.threads)
     try:
-        result = explain_run(outcome, selection.cases, k, workers, progress.event, on_start)
+        result = explain_run(outcome, token_ids, k, workers, progress.event, on_start)
     finally:
         progress.stop()
     for note in result.notes:

@@ -1,0 +1,158 @@
+"""`parity explain` for beam search: each engine's own beam-search loop on the reference model's numbers.
+
+Re-scoring the beams an engine returned is not enough: a search prunes among candidates it never returns. So every
+engine's loop (HF's generate, vLLM's offline and server loops: adapters.sampling.<engine>.beam_search) runs again, in
+that engine's interpreter, with the reference model's logits as the only source of numbers (adapters.sampling.oracle),
+and harness.explain.beam_causes tells rules from numerics. Writes explain/beams.json and explain/beams.md into the run
+directory.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from adapters import registry
+from harness import models
+from harness.compare.beams import beam_cases
+from harness.explain.beam_causes import BeamExplanation, LoopRun, explain_case
+from harness.run.execute import RunOutcome
+from harness.run.store import read_parquet, write_atomic, write_json
+from harness.scenario.prompts import load_tokenizer
+from harness.semantics.effective import describe_differences, differing_fields
+from harness.semantics.jobs import SamplingJob, SamplingJobFailed
+from harness.types import BEAM_EFFECTIVE, Beam, Effective
+
+
+@dataclass
+class BeamExplainOutcome:
+    explanations: list[BeamExplanation]
+    notes: list[str]
+    path: Path
+
+
+def split_cases(outcome: RunOutcome, chosen: list[str]) -> tuple[list[str], list[str]]:
+    """(beam-search cases, token-level cases) among the chosen ones."""
+    beams = set(beam_cases(outcome.scenario))
+    return [c for c in chosen if c in beams], [c for c in chosen if c not in beams]
+
+
+def _real_beams(run_dir: Path) -> dict[tuple[str, str], list[Beam]]:
+    frame = read_parquet(run_dir, "beams.parquet").sort_values(["engine", "case_id", "rank"])
+    beams: dict[tuple[str, str], list[Beam]] = {}
+    for row in frame.itertuples():
+        logprobs = [None if pd.isna(v) else float(v) for v in row.logprobs]
+        beams.setdefault((row.engine, row.case_id), []).append(Beam(
+            token_ids=[int(t) for t in row.token_ids], logprobs=logprobs,
+            cum_logprob=row.cum_logprob, score=None if pd.isna(row.score) else row.score,
+            finish_reason=row.finish_reason, text=row.text))
+    return beams
+
+
+def _run_loops(outcome: RunOutcome, cases: list[str], real: dict[tuple[str, str], list[Beam]],
+               prompt_ids: dict[str, list[int]]) -> dict[str, dict[str, LoopRun] | str]:
+    """engine -> case -> its loop on the oracle, or why it could not run (one job per engine, in its interpreter)."""
+    scenario = outcome.scenario
+    spec, ref = scenario.spec, scenario.spec.reference
+    dtype = spec.engine_dtype(ref)
+    model_path = models.resolve(spec.model, dtype, str(scenario.path))
+    by_id = {c.case_id: c for c in scenario.cases}
+    jobs = {}
+    for name, engine in spec.engines.items():
+        items = [{"case_id": c, "params": by_id[c].engine_params[name].model_dump(), "prompt_ids": prompt_ids[c],
+                  "real": [b.token_ids for b in real.get((name, c), [])]} for c in cases if (name, c) in real]
+        code = registry.describe(engine.engine).sampling_code(engine.options)
+        jobs[name] = SamplingJob("beams", name, code, model_path, dtype, items, engine.python,
+                                 spec.engine_threads(name))
+
+    def one(job: SamplingJob) -> dict[str, LoopRun] | str:
+        try:
+            answer = job.run(timeout=1800)
+        except SamplingJobFailed as exc:
+            return str(exc)
+        if "unavailable" in answer:
+            return answer["unavailable"]
+        return {item["case_id"]: LoopRun([Beam.model_validate(b) for b in item["beams"]], item["steps"],
+                                         item["real_logprobs"]) if "error" not in item else item["error"]
+                for item in answer["items"]}
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(jobs, pool.map(one, jobs.values())))
+
+
+def explain_beams(outcome: RunOutcome, cases: list[str]) -> BeamExplainOutcome:
+    scenario, run_dir = outcome.scenario, outcome.run_dir
+    spec, ref = scenario.spec, scenario.spec.reference
+    real = _real_beams(run_dir)
+    prompt_ids = _prompt_ids(run_dir, ref)
+    loops = _run_loops(outcome, cases, real, prompt_ids)
+    tokenizer = load_tokenizer(models.resolve(spec.model, spec.engine_dtype(ref), str(scenario.path)))
+    decode = lambda ids: tokenizer.decode([int(t) for t in ids])  # noqa: E731
+    notes = [f"{name}: its beam-search loop could not run on the reference model's numbers: {why}"
+             for name, why in loops.items() if isinstance(why, str)]
+    by_id = {c.case_id: c for c in scenario.cases}
+    effective = _effective(run_dir)
+    explanations = []
+    for case_id in cases:
+        n = by_id[case_id].engine_params[ref].beams_returned
+        for name in spec.engines:
+            if name == ref:
+                continue
+            pair = [loops.get(ref), loops.get(name)]
+            runs = [p.get(case_id) if isinstance(p, dict) else p for p in pair]
+            missing = [(who, why) for who, why in zip((ref, name), runs) if not isinstance(why, LoopRun)]
+            if (ref, case_id) not in real or (name, case_id) not in real or missing:
+                reason = "; ".join(f"{who}: {why or 'no beams in this run'}" for who, why in missing) or \
+                    "an engine returned no beams in this run"
+                explanations.append(BeamExplanation(case_id=case_id, engine=name, reference=ref, cause="failed",
+                                                    verdict=f"not explained: {reason}"))
+                continue
+            explanations.append(explain_case(case_id, ref, name, real[(ref, case_id)], real[(name, case_id)],
+                                             runs[0], runs[1], n, decode, _rules(effective, ref, name, case_id)))
+    out = run_dir / "explain"
+    out.mkdir(exist_ok=True)
+    write_json(out / "beams.json", {"oracle": f"{spec.model} in {spec.engine_dtype(ref)} (transformers)",
+                                    "notes": notes, "explanations": [e.model_dump() for e in explanations]})
+    write_atomic(out / "beams.md", _markdown(scenario.name, run_dir.name, notes, explanations))
+    return BeamExplainOutcome(explanations, notes, out / "beams.md")
+
+
+def _effective(run_dir: Path) -> dict[tuple[str, str], Effective]:
+    results = read_parquet(run_dir, "results.parquet", ["case_id", "engine", "effective"])
+    found = {(r.engine, r.case_id): json.loads(r.effective) for r in results.itertuples()}
+    return {key: Effective.model_validate(e) for key, e in found.items() if e.get("decoding")}
+
+
+def _rules(effective: dict[tuple[str, str], Effective], ref: str, name: str, case_id: str) -> str:
+    """The beam-search settings in which the two engines' own code differs, in words ('' if unknown or equal)."""
+    if (ref, case_id) not in effective or (name, case_id) not in effective:
+        return ""
+    by_engine = {ref: effective[(ref, case_id)], name: effective[(name, case_id)]}
+    return describe_differences(by_engine, [f for f in differing_fields(by_engine) if f in BEAM_EFFECTIVE])
+
+
+def _prompt_ids(run_dir: Path, reference: str) -> dict[str, list[int]]:
+    """The prompt ids of each case, as the reference ran them."""
+    results = read_parquet(run_dir, "results.parquet", ["case_id", "engine", "prompt_ids"])
+    return {row.case_id: [int(t) for t in row.prompt_ids] for row in results.itertuples() if row.engine == reference}
+
+
+def explanation_lines(e: BeamExplanation) -> list[str]:
+    return [f"{e.case_id} [{e.engine} vs {e.reference}]: {e.cause}" + (f" (step {e.step})" if e.step is not None
+                                                                        else ""), f"  {e.verdict}"]
+
+
+def _markdown(scenario: str, run_id: str, notes: list[str], explanations: list[BeamExplanation]) -> str:
+    lines = [f"# explain (beam search): {scenario}, run {run_id}", "",
+             "Each engine's own beam-search loop ran again with the reference model's logits as its only numbers: "
+             "rules when the other engine's loop on those numbers reproduces its real beams, numerics when both "
+             "loops on the same numbers agree, both when neither alone explains it.", ""]
+    lines += [f"- note: {n}" for n in notes]
+    for e in explanations:
+        lines += ["", f"## {e.case_id}: {e.engine} vs {e.reference}", "",
+                  f"**{e.cause}**" + (f" (step {e.step})" if e.step is not None else "") + f": {e.verdict}"]
+    return "\n".join(lines) + "\n"
