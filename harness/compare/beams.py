@@ -175,11 +175,11 @@ def judge_all(judge_tokens: Judge, scenario: LoadedScenario, results: dict[tuple
     """Token-level verdicts for the ordinary cases, beam verdicts for the beam-search ones, in one table."""
     beams = set(beam_cases(scenario))
     parts = []
-    if len(beams) < len(scenario.cases):
-        parts.append(judge_tokens(replace(scenario, cases=[c for c in scenario.cases if c.case_id not in beams]),
-                                  results, decode))
-    if beams:
-        parts.append(judge_beams(replace(scenario, cases=[c for c in scenario.cases if c.case_id in beams]), results,
-                                 decode))
-    return pd.concat([p for p in parts if not p.empty], ignore_index=True) if any(not p.empty for p in parts) \
-        else parts[0]
+    for judge, searched in ((judge_tokens, False), (judge_beams, True)):
+        cases = [c for c in scenario.cases if (c.case_id in beams) == searched]
+        if cases:
+            ids = {c.case_id for c in cases}
+            parts.append(judge(replace(scenario, cases=cases), {k: r for k, r in results.items() if k[1] in ids},
+                               decode))
+    filled = [p for p in parts if not p.empty]
+    return pd.concat(filled, ignore_index=True) if filled else parts[0]
