@@ -64,5 +64,6 @@ def complete(engine: Any, request: Request) -> Result:
     warnings = list(dict.fromkeys(w for r in ranked for w in r.warnings))
     if engine.client.stream:
         warnings.append("stream: true not used: beam-search answers come whole (vLLM refuses to stream them)")
-    return ranked[0].model_copy(update={"beams": beams, "warnings": warnings, "timings": {
-        "generate_s": time.perf_counter() - started, "attempts": float(answer.attempts)}})
+    return ranked[0].model_copy(update={  # per-step logprobs live in the beams (beams.parquet), as for every engine
+        "beams": beams, "warnings": warnings, "chosen_logprobs": [], "top_ids": [], "top_logprobs": [],
+        "timings": {"generate_s": time.perf_counter() - started, "attempts": float(answer.attempts)}})

@@ -32,10 +32,11 @@ class Oracle:
         self.queried: list[tuple[int, ...]] = []  # generated tokens of each sequence a loop asked about, in order
 
     def start(self, prompt_ids: list[int]) -> None:
-        """A new case: its prompt, an empty query log (memoised rows of other prompts are dropped)."""
-        self.prompt = tuple(prompt_ids)
-        self.memo.clear()
-        self.kv.clear()
+        """A new loop: an empty query log; for a new prompt, memoised rows of the previous one are dropped."""
+        if tuple(prompt_ids) != self.prompt:
+            self.prompt = tuple(prompt_ids)
+            self.memo.clear()
+            self.kv.clear()
         self.queried = []
 
     def logits(self, sequence: list[int] | tuple[int, ...]) -> Any:

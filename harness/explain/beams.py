@@ -54,34 +54,44 @@ def _real_beams(run_dir: Path) -> dict[tuple[str, str], list[Beam]]:
 
 
 def _run_loops(outcome: RunOutcome, cases: list[str], real: dict[tuple[str, str], list[Beam]],
-               prompt_ids: dict[str, list[int]]) -> dict[str, dict[str, LoopRun] | str]:
-    """engine -> case -> its loop on the oracle, or why it could not run (one job per engine, in its interpreter)."""
+               prompt_ids: dict[str, list[int]]) -> dict[str, dict[str, LoopRun | str]]:
+    """engine -> case -> its loop on the oracle, or why it could not run. One job per interpreter: the engines that
+    share one share the oracle, so each sequence's numbers are computed once."""
     scenario = outcome.scenario
     spec, ref = scenario.spec, scenario.spec.reference
     dtype = spec.engine_dtype(ref)
     model_path = models.resolve(spec.model, dtype, str(scenario.path))
     by_id = {c.case_id: c for c in scenario.cases}
-    jobs = {}
-    for name, engine in spec.engines.items():
-        items = [{"case_id": c, "params": by_id[c].engine_params[name].model_dump(), "prompt_ids": prompt_ids[c],
-                  "real": [b.token_ids for b in real.get((name, c), [])]} for c in cases if (name, c) in real]
-        code = registry.describe(engine.engine).sampling_code(engine.options)
-        jobs[name] = SamplingJob("beams", name, code, model_path, dtype, items, engine.python,
-                                 spec.engine_threads(name))
+    loops: dict[str, dict[str, LoopRun | str]] = {}
+    jobs: dict[str | None, SamplingJob] = {}
+    for case_id in cases:  # a case's loops one after another: the oracle keeps that prompt's numbers
+        for name, engine in spec.engines.items():
+            code = registry.describe(engine.engine).sampling_code(engine.options)
+            if (name, case_id) not in real:
+                continue
+            if code is None:
+                loops.setdefault(name, {})[case_id] = "it has no sampling code to run here"
+                continue
+            job = jobs.setdefault(engine.python, SamplingJob("beams", name, code, model_path, dtype, [], engine.python,
+                                                             spec.engine_threads(ref)))
+            job.items.append({"case_id": case_id, "engine": name, "module": code.module, "kwargs": code.kwargs,
+                              "params": by_id[case_id].engine_params[name].model_dump(),
+                              "prompt_ids": prompt_ids[case_id], "real": [b.token_ids for b in real[(name, case_id)]]})
 
-    def one(job: SamplingJob) -> dict[str, LoopRun] | str:
+    def one(job: SamplingJob) -> list[tuple[str, str, LoopRun | str]]:
         try:
             answer = job.run(timeout=1800)
         except SamplingJobFailed as exc:
-            return str(exc)
-        if "unavailable" in answer:
-            return answer["unavailable"]
-        return {item["case_id"]: LoopRun([Beam.model_validate(b) for b in item["beams"]], item["steps"],
-                                         item["real_logprobs"]) if "error" not in item else item["error"]
-                for item in answer["items"]}
+            return [(item["engine"], item["case_id"], str(exc)) for item in job.items]
+        return [(item["engine"], item["case_id"], item["error"] if "error" in item else LoopRun(
+            [Beam.model_validate(b) for b in item["beams"]], item["steps"], item["real_logprobs"]))
+            for item in answer["items"]]
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(jobs, pool.map(one, jobs.values())))
+        for answers in pool.map(one, jobs.values()):
+            for engine, case_id, run in answers:
+                loops.setdefault(engine, {})[case_id] = run
+    return loops
 
 
 def explain_beams(outcome: RunOutcome, cases: list[str]) -> BeamExplainOutcome:
@@ -92,8 +102,8 @@ def explain_beams(outcome: RunOutcome, cases: list[str]) -> BeamExplainOutcome:
     loops = _run_loops(outcome, cases, real, prompt_ids)
     tokenizer = load_tokenizer(models.resolve(spec.model, spec.engine_dtype(ref), str(scenario.path)))
     decode = lambda ids: tokenizer.decode([int(t) for t in ids])  # noqa: E731
-    notes = [f"{name}: its beam-search loop could not run on the reference model's numbers: {why}"
-             for name, why in loops.items() if isinstance(why, str)]
+    notes = sorted({f"{name}: its beam-search loop could not run on the reference model's numbers: {why}"
+                    for name, runs in loops.items() for why in runs.values() if isinstance(why, str)})
     by_id = {c.case_id: c for c in scenario.cases}
     effective = _effective(run_dir)
     explanations = []
@@ -102,8 +112,7 @@ def explain_beams(outcome: RunOutcome, cases: list[str]) -> BeamExplainOutcome:
         for name in spec.engines:
             if name == ref:
                 continue
-            pair = [loops.get(ref), loops.get(name)]
-            runs = [p.get(case_id) if isinstance(p, dict) else p for p in pair]
+            runs = [loops.get(who, {}).get(case_id) for who in (ref, name)]
             missing = [(who, why) for who, why in zip((ref, name), runs) if not isinstance(why, LoopRun)]
             if (ref, case_id) not in real or (name, case_id) not in real or missing:
                 reason = "; ".join(f"{who}: {why or 'no beams in this run'}" for who, why in missing) or \
