@@ -79,7 +79,7 @@ def translate(params: SamplingParams, top_logprobs: int = 5) -> Translation:
         from adapters.sampling import vllm_beams
 
         return Translation(native_params=vllm_beams.search_params(params),
-                           warnings=greedy_ignored(params) + vllm_beams.not_applied(params, "vLLM's beam search"))
+                           warnings=greedy_ignored(params) + vllm_beams.not_applied(params))
     native: dict[str, Any] = {
         "temperature": 0.0 if params.greedy else (params.temperature or 1.0),
         "top_k": params.top_k or 0, "top_p": params.top_p or 1.0, "min_p": params.min_p or 0.0,

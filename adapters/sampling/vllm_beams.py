@@ -33,14 +33,14 @@ CANDIDATES = "any EOS among a live beam's top 2 x width"
 EARLY_STOPPING = "none: runs to max_tokens"
 
 
-def not_applied(params: SamplingParams, who: str) -> list[str]:
+def not_applied(params: SamplingParams) -> list[str]:
     """A NOT APPLIED warning for each param the scenario set that vLLM's beam search does not take."""
     warnings = []
     for name, value in params.set_fields().items():
         if name in CARRIED or name in GREEDY_IRRELEVANT or name == "do_sample" or \
                 (name == "num_return_sequences" and value == params.num_beams):
             continue  # greedy-irrelevant params are warned about already (decoding is greedy)
-        why = WHY_NOT.get(name, f"{who} takes only {', '.join(CARRIED)}").format(value=value)
+        why = WHY_NOT.get(name, f"vLLM's beam search takes only {', '.join(CARRIED)}").format(value=value)
         warnings.append(f"{name}={value} NOT APPLIED: {why}")
     return warnings
 
@@ -69,10 +69,25 @@ def step_output(oracle: Any, tokens: list[int], k: int) -> Any:
     return SimpleNamespace(outputs=[SimpleNamespace(logprobs=[top], finish_reason="length")])
 
 
-def offline_loop(oracle: Any, tokenizer: Any, prompt_ids: list[int], native: dict[str, Any]) -> list[Any]:
+def vllm_params(params: SamplingParams, mode: str) -> Any:
+    """The BeamSearchParams vLLM builds for these params: offline from the adapter's kwargs, on the server from the
+    request body the harness sends, through vLLM's own CompletionRequest (its defaults for what is not sent)."""
+    from vllm.sampling_params import BeamSearchParams
+
+    if mode == "offline":
+        return BeamSearchParams(**search_params(params))
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    from adapters.http.beams import translate as server_translate
+    from adapters.http.dialects import DIALECTS
+
+    body = server_translate(params, DIALECTS["vllm"], 1).native_params
+    return CompletionRequest(model="model", prompt=[1], **body).to_beam_search_params(params.max_new_tokens, {})
+
+
+def offline_loop(oracle: Any, tokenizer: Any, prompt_ids: list[int], search: Any) -> list[Any]:
     """vLLM's LLM.beam_search on the oracle: (generated ids, cumulative logprob) of each returned beam."""
     from vllm.entrypoints.generate.beam_search.offline import BeamSearchOfflineMixin
-    from vllm.sampling_params import BeamSearchParams
 
     class OracleLLM(BeamSearchOfflineMixin):
         """The parts of vllm.LLM that its beam-search loop calls; the engine call asks the oracle."""
@@ -92,29 +107,27 @@ def offline_loop(oracle: Any, tokenizer: Any, prompt_ids: list[int], native: dic
         def _render_and_run_requests(self, prompts, params, output_type, lora_requests, use_tqdm):
             return [step_output(oracle, p["prompt_token_ids"], one.logprobs) for p, one in zip(prompts, params)]
 
-    output = OracleLLM().beam_search([{"prompt_token_ids": prompt_ids}], BeamSearchParams(**native))[0]
+    output = OracleLLM().beam_search([{"prompt_token_ids": prompt_ids}], search)[0]
     return [(s.tokens[len(prompt_ids):], s.cum_logprob) for s in output.sequences]
 
 
-def online_loop(oracle: Any, tokenizer: Any, prompt_ids: list[int], body: dict[str, Any]) -> list[Any]:
-    """The vLLM server's beam search on the oracle, for the request body the harness sends (vLLM's own
-    CompletionRequest turns it into BeamSearchParams): (generated ids, cumulative logprob) of each returned beam."""
+def online_loop(oracle: Any, tokenizer: Any, prompt_ids: list[int], search: Any) -> list[Any]:
+    """The vLLM server's beam search on the oracle: (generated ids, cumulative logprob) of each returned beam."""
     from vllm.entrypoints.generate.beam_search.online import BeamSearchOnlineMixin
-    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-
-    params = CompletionRequest(model="model", prompt=prompt_ids, **body).to_beam_search_params(body["max_tokens"], {})
 
     async def generate(prompt, sampling_params, request_id, **kwargs):
         yield step_output(oracle, prompt["prompt_token_ids"], sampling_params.logprobs)
 
     class OracleServer(BeamSearchOnlineMixin):
+        """The parts of vLLM's serving class that its beam-search loop calls; the engine call asks the oracle."""
+
         renderer = SimpleNamespace(get_tokenizer=lambda: tokenizer)
         engine_client = SimpleNamespace(input_processor=SimpleNamespace(resolve_watermarking=lambda params: None),
                                         generate=generate)
 
     async def collect():
         return [o async for o in OracleServer().beam_search({"type": "token", "prompt_token_ids": prompt_ids},
-                                                            "explain", params)]
+                                                            "explain", search)]
 
     final = asyncio.run(collect())[-1]
     return [(list(o.token_ids), o.cumulative_logprob) for o in final.outputs]
@@ -124,41 +137,19 @@ def beam_search(model_path: Path, params: SamplingParams, prompt_ids: list[int],
                 **kwargs: Any) -> list[Beam]:
     """vLLM's own beam-search loop (offline, or the server's for the body the harness would send) on the oracle."""
     from transformers import AutoTokenizer
-    from vllm.sampling_params import BeamSearchParams
-
-    from adapters.http.beams import translate as server_translate
-    from adapters.http.dialects import DIALECTS
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    if mode == "offline":
-        found = offline_loop(oracle, tokenizer, prompt_ids, search_params(params))
-    else:
-        body = server_translate(params, DIALECTS["vllm"], 1).native_params
-        found = online_loop(oracle, tokenizer, prompt_ids, body)
+    search = vllm_params(params, mode)
+    found = (offline_loop if mode == "offline" else online_loop)(oracle, tokenizer, prompt_ids, search)
     eos = tokenizer.eos_token_id
-    penalty = BeamSearchParams(**search_params(params)).length_penalty  # unset: vLLM's default
-    return [Beam(token_ids=ids, cum_logprob=cum, score=score(prompt_ids, ids, cum, eos, penalty),
+    return [Beam(token_ids=ids, cum_logprob=cum, score=score(prompt_ids, ids, cum, eos, search.length_penalty),
                  finish_reason="stop" if ids and ids[-1] == eos else "length") for ids, cum in found]
 
 
 def effective(model_path: Path, params: SamplingParams, mode: str) -> Effective:
-    """The beam settings vLLM will really use, from its own BeamSearchParams (offline) or its server's request
-    model (CompletionRequest.to_beam_search_params), with the defaults the scenario left to it."""
-    from vllm.sampling_params import BeamSearchParams
-
+    """The beam settings vLLM will really use (its own BeamSearchParams), with the defaults the scenario left to it."""
     try:
-        if mode == "offline":
-            native = search_params(params)
-            beam = BeamSearchParams(**native)
-        else:
-            from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-
-            from adapters.http.beams import translate as server_translate
-            from adapters.http.dialects import DIALECTS
-
-            native = server_translate(params, DIALECTS["vllm"], 1).native_params
-            beam = CompletionRequest(model="model", prompt=[1], **native).to_beam_search_params(params.max_new_tokens,
-                                                                                                 {})
+        beam = vllm_params(params, mode)
     except Exception as exc:  # vLLM's validation errors
         return Effective.refused("vllm", " ".join(str(exc).split())[:300])
     sent = {n for n in CARRIED if getattr(params, n) is not None}
