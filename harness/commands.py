@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from harness.errors import EXIT_INTERRUPTED
+from harness.errors import EXIT_INTERRUPTED, ConfigError
 from harness.report.console import EngineProgress, console, print_table
 from harness.run.execute import RunOutcome, Selection, execute
 from harness.scenario.spec import LoadedScenario
@@ -95,11 +95,17 @@ def explain_and_print(scenario: LoadedScenario, out: Path, selection: Selection,
 def transplant_and_print(scenario: LoadedScenario, out: Path, selection: Selection) -> int:
     """Only the reference generates; every selected engine's sampling code runs on its logits (an engine whose
     package is missing from its interpreter stops the command, or is skipped with --allow-missing)."""
+    from harness.compare.beams import beam_cases
     from harness.run.plan import select_engines, unavailable_engines
     from harness.semantics import effective
     from harness.semantics.transplant import transplant_run
 
     chosen = scenario.with_cases(selection.cases)
+    searched = beam_cases(chosen)
+    if searched:
+        raise ConfigError(f"{scenario.path}: case(s) {', '.join(searched)} decode by beam search, which transplant "
+                          "does not compare (it runs samplers step by step): use `parity explain` for beams, or "
+                          "pick other cases with --case")
     names = select_engines(chosen, selection.engines)
     skipped = unavailable_engines(chosen, names, selection.allow_missing, device=False)
     names = [n for n in names if n not in skipped]

@@ -21,7 +21,7 @@ from harness import models
 from harness.compare.beams import beam_cases
 from harness.explain.beam_causes import BeamExplanation, LoopRun, explain_case
 from harness.run.execute import RunOutcome
-from harness.run.store import read_parquet, write_atomic, write_json
+from harness.run.store import BEAM_COLUMNS, read_parquet, write_atomic, write_json
 from harness.scenario.prompts import load_tokenizer
 from harness.semantics.effective import describe_differences, differing_fields
 from harness.semantics.jobs import SamplingJob, SamplingJobFailed
@@ -42,9 +42,10 @@ def split_cases(outcome: RunOutcome, chosen: list[str]) -> tuple[list[str], list
 
 
 def _real_beams(run_dir: Path) -> dict[tuple[str, str], list[Beam]]:
-    frame = read_parquet(run_dir, "beams.parquet").sort_values(["engine", "case_id", "rank"])
+    """The beams each engine returned in the run (none when every engine failed: no beams.parquet)."""
+    frame = read_parquet(run_dir, "beams.parquet", BEAM_COLUMNS, required=False)
     beams: dict[tuple[str, str], list[Beam]] = {}
-    for row in frame.itertuples():
+    for row in ([] if frame is None else frame.sort_values(["engine", "case_id", "rank"]).itertuples()):
         logprobs = [None if pd.isna(v) else float(v) for v in row.logprobs]
         beams.setdefault((row.engine, row.case_id), []).append(Beam(
             token_ids=[int(t) for t in row.token_ids], logprobs=logprobs,

@@ -141,3 +141,10 @@ def test_params_table_shows_every_beam_setting_of_a_beam_case_and_marks_the_diff
     assert set(BEAM_EFFECTIVE) <= set(rows)
     assert rows["num_beams"] == (["4", "4"], False) and rows["length_penalty"] == (["1", "1"], False)
     assert rows["beam_length"][1] and rows["early_stopping"][1] and not rows["beam_candidates"][1]
+
+
+def test_transplant_refuses_beam_cases_and_points_to_explain(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "beams.yaml", WITH_LMDEPLOY.replace("  lmdeploy: {engine: lmdeploy}\n", ""))
+    run = parity_in_process("transplant", str(path), "--out", str(tmp_path / "reports"))
+    assert run.code == 2 and "decode by beam search, which transplant does not compare" in run.stderr
+    assert "use `parity explain` for beams" in run.stderr and not (tmp_path / "reports").exists()
