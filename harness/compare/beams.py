@@ -81,7 +81,7 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
 
-def explain(c: BeamComparison, ref: Result, other: Result, tolerance: float, decode: Decode) -> str:
+def describe(c: BeamComparison, ref: Result, other: Result, tolerance: float, decode: Decode) -> str:
     """The four facts in words, with the beams involved."""
     ref_beams, oth_beams = ref.beams[: c.compared], other.beams[: c.compared]
     parts = []
@@ -141,7 +141,7 @@ def judge_beams(scenario: LoadedScenario, results: dict[tuple[str, str], Result]
             matched = c.best_identical and c.set_identical and c.scores_within(tolerance)
             verdict = "match" if matched else "diverged"
             given = param_differences(case.engine_params[ref_name], case.engine_params[engine])
-            text = "; ".join(t for t in (explain(c, ref, other, tolerance, decode), explain_differences(given),
+            text = "; ".join(t for t in (describe(c, ref, other, tolerance, decode), explain_differences(given),
                                          effective_note(ref, other, set(given))) if t)
             cum = c.cum_deltas
             step = c.first_divergence

@@ -164,7 +164,9 @@ class LoadedScenario:
         unknown = [c for c in only if c not in known]
         if unknown:
             raise ConfigError(f"--case: {unknown} not in {self.path} (cases: {', '.join(known)})")
-        return replace(self, cases=[c for c in self.cases if c.case_id in only])
+        kept = [c for c in self.cases if c.case_id in only]
+        searching = any(p.num_beams for c in kept for p in c.engine_params.values())
+        return replace(self, cases=kept, incapable=self.incapable if searching else {})
 
     def with_engines(self, names: list[str]) -> LoadedScenario:
         """A copy whose spec keeps only these engines (in the scenario's order)."""

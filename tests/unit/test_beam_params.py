@@ -80,6 +80,15 @@ def test_run_refuses_it_before_any_engine_starts_or_skips_it_with_allow_missing(
         unavailable_engines(scenario, ["hf", "lmdeploy"], allow_missing=False)
 
 
+def test_an_engine_without_beam_search_still_runs_the_scenarios_other_cases(tmp_path: Path) -> None:
+    text = WITH_LMDEPLOY.replace("  num_beams: 2\n", "grid: {num_beams: [null, 2]}\n")
+    scenario = load(write_scenario(tmp_path / "mixed.yaml", text))
+    greedy, beams = (c.case_id for c in scenario.cases)
+    assert "lmdeploy" in scenario.incapable and "case(s) p0[num_beams=2] ask for it" in scenario.incapable["lmdeploy"]
+    assert scenario.with_cases([greedy]).incapable == {}
+    assert set(scenario.with_cases([beams]).incapable) == {"lmdeploy"}
+
+
 def test_a_case_searches_beams_in_every_engine_or_in_none(tmp_path: Path) -> None:
     text = WITH_LMDEPLOY.replace("  lmdeploy: {engine: lmdeploy}\n", "").replace("  num_beams: 2\n", "").replace(
         "vllm: {engine: vllm}", "vllm: {engine: vllm, params: {num_beams: 2}}")
