@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from harness.errors import EXIT_INTERRUPTED, ParityError
+from harness.errors import EXIT_INTERRUPTED, ConfigError, ParityError
 from harness.report.console import console, err_console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -69,6 +69,8 @@ def validate(scenarios: ScenarioPaths) -> None:
 
     for path in scenarios:
         loaded = load(path)
+        if loaded.incapable:  # an engine without a decoding mode the cases need (beam search)
+            raise ConfigError(next(iter(loaded.incapable.values())))
         console.print(f"{path}: ok ({len(loaded.cases)} cases x {len(loaded.spec.engines)} engines, "
                       f"reference {loaded.spec.reference})", highlight=False)
 

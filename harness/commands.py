@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from harness.errors import EXIT_INTERRUPTED
+from harness.errors import EXIT_INTERRUPTED, ConfigError
 from harness.report.console import EngineProgress, console, print_table
 from harness.run.execute import RunOutcome, Selection, execute
 from harness.scenario.spec import LoadedScenario
@@ -54,12 +54,26 @@ def run_and_print(scenario: LoadedScenario, out: Path, selection: Selection, par
 
 def explain_and_print(scenario: LoadedScenario, out: Path, selection: Selection, k: float | None,
                       parallel: int | None) -> int:
-    from harness.explain.orchestrate import explain_run
+    from harness.explain.beams import explain_beams, explanation_lines, split_cases
+    from harness.explain.orchestrate import choose_cases, explain_run
     from harness.explain.report import localisation_lines
 
     outcome = run_and_print(scenario, out, selection, parallel)
     if outcome.interrupted:
         return EXIT_INTERRUPTED
+    beam_ids, token_ids = split_cases(outcome, choose_cases(outcome, selection.cases))
+    if beam_ids:
+        with console.status(f"explain: each engine's beam-search loop on the reference model's numbers, "
+                            f"{len(beam_ids)} case(s)"):
+            beams = explain_beams(outcome, beam_ids)
+        for note in beams.notes:
+            _note("note", note)
+        for explanation in beams.explanations:
+            for line in explanation_lines(explanation):
+                console.print(line, highlight=False, markup=False)
+        console.print(f"explain: {beams.path}", highlight=False, markup=False)
+        if not token_ids:
+            return outcome.exit_code
     progress = EngineProgress()
 
     def on_start(names: list[str], cases: list[str]) -> None:
@@ -68,7 +82,7 @@ def explain_and_print(scenario: LoadedScenario, out: Path, selection: Selection,
 
     workers = parallel or max(1, (os.cpu_count() or 1) // outcome.scenario.spec.threads)
     try:
-        result = explain_run(outcome, selection.cases, k, workers, progress.event, on_start)
+        result = explain_run(outcome, token_ids, k, workers, progress.event, on_start)
     finally:
         progress.stop()
     for note in result.notes:
@@ -83,11 +97,17 @@ def explain_and_print(scenario: LoadedScenario, out: Path, selection: Selection,
 def transplant_and_print(scenario: LoadedScenario, out: Path, selection: Selection) -> int:
     """Only the reference generates; every selected engine's sampling code runs on its logits (an engine whose
     package is missing from its interpreter stops the command, or is skipped with --allow-missing)."""
+    from harness.compare.beams import beam_cases
     from harness.run.plan import select_engines, unavailable_engines
     from harness.semantics import effective
     from harness.semantics.transplant import transplant_run
 
     chosen = scenario.with_cases(selection.cases)
+    searched = beam_cases(chosen)
+    if searched:
+        raise ConfigError(f"{scenario.path}: case(s) {', '.join(searched)} decode by beam search, which transplant "
+                          "does not compare (it runs samplers step by step): use `parity explain` for beams, or "
+                          "pick other cases with --case")
     names = select_engines(chosen, selection.engines)
     skipped = unavailable_engines(chosen, names, selection.allow_missing, device=False)
     names = [n for n in names if n not in skipped]
@@ -179,7 +199,8 @@ def engines_and_print() -> None:
         pinned = registry.pinned_version(requirement) or "any"
         caps = description.capabilities
         can = [c for c, on in (("logprobs", caps.logprobs), ("traces", caps.traces), ("samples", caps.samples),
-                               ("server", caps.server), ("sampling code", description.sampling is not None)) if on]
+                               ("beam search", caps.beam_search), ("server", caps.server),
+                               ("sampling code", description.sampling is not None)) if on]
         rows.append([name, "yes" if reason is None else f"no: {reason}",
                      f"{requirement.distribution} {installed} (pinned {pinned})", ", ".join(can),
                      ", ".join(caps.dtypes), description.summary])

@@ -57,6 +57,19 @@ class Translation(Record):
     warnings: list[str] = Field(default_factory=list)
 
 
+class Beam(Record):
+    """One beam a beam search returned, as the engine reported it: its generated token ids, the logprob of each
+    (None where the engine gave none), their sum, and the engine's final score (cumulative logprob after its
+    length penalty; None when the engine does not report one)."""
+
+    token_ids: list[int]
+    logprobs: list[float | None] = Field(default_factory=list)
+    cum_logprob: float | None = None
+    score: float | None = None
+    finish_reason: str = ""
+    text: str = ""
+
+
 class Result(Record):
     """What an engine produced for one case. Per-step arrays are top-k log-probabilities of the raw model
     distribution (before temperature, penalties and truncation), sorted best first.
@@ -80,6 +93,7 @@ class Result(Record):
     error: str = ""
     effective: dict[str, Any] = Field(default_factory=dict)  # Effective.to_json(), from the engine's own code
     samples: list[list[int]] = Field(default_factory=list)  # token ids of each sample (Request.num_samples > 1)
+    beams: list[Beam] = Field(default_factory=list)  # beam search: the returned beams, best first (token_ids: best)
 
     @classmethod
     def engine_error(cls, case_id: str, engine: str, error: str) -> Result:
@@ -140,6 +154,12 @@ class Effective(Record):
     max_new_tokens: int | None = None
     min_new_tokens: int | None = None
     seed: int | None = None
+    num_beams: int | None = None
+    length_penalty: float | None = None
+    beam_length: str = ""  # what length a finished beam's score is divided by (length_penalty's base)
+    early_stopping: str | None = None  # when the search may end before max_new_tokens, in the engine's terms
+    beam_candidates: str = ""  # which candidates may finish a beam (EOS) at each step
+    num_return_sequences: int | None = None
     logits_dtype: str = ""  # the dtype the sampler works in
     processors: list[str] = Field(default_factory=list)  # the engine's processing steps, in order
     sources: dict[str, str] = Field(default_factory=dict)  # param -> request | generation_config.json | default
@@ -152,9 +172,12 @@ class Effective(Record):
         return cls(rejected=f"rejected by {engine}: {reason}")
 
 
+# The beam-search settings of an engine: the canonical beam params and the rules its search follows.
+BEAM_EFFECTIVE: tuple[str, ...] = (*[n for n in names(Group.BEAM) if n in Effective.model_fields], "beam_length",
+                                   "beam_candidates")
 # The fields compared between engines: the decoding mode, every canonical param that shapes the distribution or the
 # length (from the vocabulary), what the repetition penalty counts, and the dtype the sampler works in.
 COMPARED: tuple[str, ...] = (
     "decoding", *[n for n in names(Group.DECODING, Group.TRUNCATION, Group.PENALTY) if n in Effective.model_fields],
     "repetition_scope", *[n for n in names(Group.LENGTH, Group.RANDOMNESS) if n in Effective.model_fields],
-    "logits_dtype")
+    *BEAM_EFFECTIVE, "logits_dtype")

@@ -78,6 +78,10 @@ def translate(params: SamplingParams) -> Translation:
         native["stop_strings"] = list(params.stop)
     if params.seed is not None:
         native["torch_manual_seed"] = params.seed
+    if params.num_beams:  # HF's own beam search; length_penalty and early_stopping unset: generation config decides
+        native.update(num_beams=params.num_beams, num_return_sequences=params.beams_returned)
+        native.update({n: getattr(params, n) for n in ("length_penalty", "early_stopping")
+                       if getattr(params, n) is not None})
     return Translation(native_params=native, warnings=warnings)
 
 
@@ -118,7 +122,9 @@ class Engine:
         for request in requests:
             if request.num_samples > 1:
                 yield self._samples(request)
-        requests = [r for r in requests if r.num_samples == 1]
+            elif request.params.num_beams:
+                yield self._beams(request)
+        requests = [r for r in requests if r.num_samples == 1 and not r.params.num_beams]
         if not self.options.batched:
             for request in requests:
                 yield from self._generate_batch([request])
@@ -193,6 +199,21 @@ class Engine:
                       warnings=translation.warnings, finish_reason="length",
                       timings={"generate_s": time.perf_counter() - started, "samples": len(samples)})
 
+    def _beams(self, request: Request) -> Result:
+        """Beam search, one prompt at a time: every returned beam, best first (token_ids: the best one's)."""
+        from adapters.engines.hf_beams import generate_beams
+
+        translation = translate(request.params)
+        extra = {"tokenizer": self.tokenizer} if "stop_strings" in translation.native_params else {}
+        started = time.perf_counter()
+        beams = generate_beams(self.model, request.prompt_ids, translation.native_params, self.pad_id, self.eos_ids,
+                               lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True), **extra)
+        best = beams[0]
+        return Result(case_id=request.case_id, engine=self.name, status="ok", prompt_ids=request.prompt_ids,
+                      token_ids=best.token_ids, text=best.text, finish_reason=best.finish_reason, beams=beams,
+                      native_params=translation.native_params, warnings=translation.warnings,
+                      timings={"generate_s": time.perf_counter() - started})
+
     def _trim(self, ids: list[int], params: SamplingParams) -> tuple[int, str]:
         """Generated length up to and including the first EOS (batched rows are padded after it)."""
         if not params.ignore_eos:
@@ -258,5 +279,5 @@ class HfRope:
 DESCRIPTION = EngineDescription(
     name="hf", summary="HF transformers generate() on CPU", engine=Engine, options=Options,
     requirement=Requirement(module="transformers", distribution="transformers"),
-    capabilities=Capabilities(traces=True, samples=True, dtypes=(*DTYPES, "float64")),
+    capabilities=Capabilities(traces=True, samples=True, dtypes=(*DTYPES, "float64"), beam_search=True),
     sampling=lambda options: SamplingCode("adapters.sampling.hf"), knobs=knobs)

@@ -26,6 +26,7 @@ from adapters.contract import (
     greedy_ignored,
     request_knobs,
 )
+from adapters.http import beams
 from adapters.http.answers import to_result
 from adapters.http.client import Client, Completion, RequestFailed, translate
 from adapters.http.dialects import DIALECTS, Dialect
@@ -158,9 +159,18 @@ class Engine:
                 "httpx": httpx.__version__}
 
     def translate(self, params: SamplingParams, top_logprobs: int) -> Translation:
-        translation = translate(params, self.dialect, top_logprobs, self.endpoint, self.client_options.defaults)
+        if params.num_beams:
+            translation = beams.translate(params, self.dialect, top_logprobs)
+        else:
+            translation = translate(params, self.dialect, top_logprobs, self.endpoint, self.client_options.defaults)
         translation.warnings[:0] = greedy_ignored(params)
         return translation
+
+    def beam_score(self, prompt_ids: list[int], beam_ids: list[int], cum_logprob: float,
+                   body: dict[str, Any]) -> float | None:
+        """A beam's final score as the server would rank it; None: the server reports none and its rule is not
+        known here (server engines that know it override this)."""
+        return None
 
     def _prompt(self, request: Request) -> list[int] | str:
         """Token ids where the server takes them, else the text (chat messages: the harness-templated text)."""
@@ -176,6 +186,8 @@ class Engine:
                 yield future.result()
 
     def _one(self, request: Request) -> Result:
+        if request.params.num_beams:
+            return beams.complete(self, request)
         translation = self.translate(request.params, request.top_logprobs)
         body = self.client.body(request, translation.native_params, self._prompt(request))
         started = time.perf_counter()

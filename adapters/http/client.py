@@ -39,6 +39,7 @@ class Completion:
     token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
     attempts: int = 1
+    choices: list[Completion] = field(default_factory=list)  # each choice apart (beam search: one per beam)
 
 
 def translate(params: SamplingParams, dialect: Dialect, top_logprobs: int, endpoint: str,
@@ -135,6 +136,9 @@ def parse_payload(payload: dict[str, Any], endpoint: str, out: Completion) -> No
         out.prompt_token_ids = list(payload["prompt_token_ids"])
 
 
+Parse = Callable[[dict[str, Any], str, Completion], None]  # (payload, endpoint, completion to fill)
+
+
 @dataclass
 class Client:
     base_url: str  # ends with /v1
@@ -164,7 +168,8 @@ class Client:
             return f"{self.base_url.removesuffix('/v1')}/generate"
         return f"{self.base_url}/{'chat/completions' if self.endpoint == 'chat' else 'completions'}"
 
-    def complete(self, body: dict[str, Any]) -> Completion:
+    def complete(self, body: dict[str, Any], parse: Parse | None = None) -> Completion:
+        """The server's answer, parsed by `parse` (default: every choice folded into one completion)."""
         url = self.url
         last = ""
         for attempt in range(self.retries + 1):
@@ -172,7 +177,7 @@ class Client:
             if gone:
                 raise RequestFailed(gone)
             try:
-                completion = self._send(url, body)
+                completion = self._send(url, body, parse or parse_payload)
                 completion.attempts = attempt + 1
                 return completion
             except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
@@ -184,7 +189,7 @@ class Client:
             time.sleep(min(8.0, 0.5 * 2 ** attempt))
         raise RequestFailed(self.server_alive() or f"gave up after {self.retries + 1} attempts: {last}")
 
-    def _send(self, url: str, body: dict[str, Any]) -> Completion:
+    def _send(self, url: str, body: dict[str, Any], parse: Parse) -> Completion:
         out = Completion()
         with httpx.stream("POST", url, json=body, headers=self.headers, timeout=self.timeout) as response:
             if response.status_code >= 400:
@@ -194,7 +199,7 @@ class Client:
                     raise _ServerError(message)
                 raise RequestFailed(f"rejected by the server: {message}")
             if not body.get("stream"):
-                parse_payload(json.loads(response.read()), self.endpoint, out)
+                parse(json.loads(response.read()), self.endpoint, out)
                 return out
             for line in response.iter_lines():
                 if not line.startswith("data:"):

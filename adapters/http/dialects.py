@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.contract import SamplingCode
-from harness.scenario.vocabulary import OPENAI_FIELDS, names
+from harness.scenario.vocabulary import BEAM, OPENAI_FIELDS, names
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,10 @@ class Dialect:
     generate_fields: frozenset[str] = frozenset()  # request fields of the server's native /generate, if it has one
     # the server's own sampling code, when it is installed here (effective params, transplant): module and kwargs
     sampling: SamplingCode | None = None
+    # beam search: canonical param -> request field, and the fields every beam request carries; none: it has none
+    beam_fields: dict[str, str] = field(default_factory=dict)
+    beam_request: dict[str, Any] = field(default_factory=dict)
+    beam_notes: dict[str, str] = field(default_factory=dict)  # beam param -> what the server does instead
 
     def sampling_code(self, defaults: str) -> SamplingCode | None:
         """The sampling code of a server of this kind that the harness did not start (its own default
@@ -44,6 +48,8 @@ class Dialect:
         return SamplingCode(self.sampling.module, {**self.sampling.kwargs, "defaults": defaults})
 
     def handling(self, param: str) -> str:
+        if param in BEAM:
+            return "honours" if param in self.beam_fields else "rejects"
         if param in self.ignores:
             return "ignores"
         if param in OPENAI_FIELDS or param in self.extra_fields:
@@ -60,7 +66,14 @@ DIALECTS: dict[str, Dialect] = {
                   "top_k": "off", "top_p": 1.0, "max_new_tokens": 16},
         token_id_prompts=True,
         token_id_fields={"return_tokens_as_token_ids": True, "return_token_ids": True},
-        sampling=SamplingCode("adapters.sampling.vllm", {"mode": "server", "generation_config": "auto"})),
+        sampling=SamplingCode("adapters.sampling.vllm", {"mode": "server", "generation_config": "auto"}),
+        beam_fields={"num_beams": "n", "length_penalty": "length_penalty", "max_new_tokens": "max_tokens",
+                     "ignore_eos": "ignore_eos"},
+        # the EOS that finished a beam stays in its token ids, as offline
+        beam_request={"use_beam_search": True, "temperature": 0.0, "include_stop_str_in_output": True},
+        beam_notes={"num_beams": "with use_beam_search: true", "length_penalty": "unset: 1.0; divides by prompt + "
+                    "generated tokens", "early_stopping": "no early stopping: it runs to max_tokens",
+                    "num_return_sequences": "it returns n beams (n is the beam width)"}),
     "lmdeploy": Dialect(
         "lmdeploy", "lmdeploy api_server (0.18)",
         extra_fields={"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty",
@@ -110,10 +123,17 @@ def markdown_table() -> str:
         for d in DIALECTS.values():
             how = d.handling(param)
             sent = OPENAI_FIELDS.get(param) or d.extra_fields.get(param)
-            cell = {"honours": f"honours (`{sent}`)", "ignores": "accepts, ignores (warning)",
-                    "rejects": "rejects: not sent (warning)"}[how]
+            if param in BEAM:
+                sent = d.beam_fields.get(param)
+                cell = "no beam search" if not d.beam_fields else f"honours (`{sent}`)" if sent \
+                    else "rejects: not sent (warning)"
+            else:
+                cell = {"honours": f"honours (`{sent}`)", "ignores": "accepts, ignores (warning)",
+                        "rejects": "rejects: not sent (warning)"}[how]
             if param in d.defaults:
                 cell += f"; unset: {d.defaults[param]}"
+            if param in d.beam_notes:
+                cell += f"; {d.beam_notes[param]}"
             cells.append(cell)
         rows.append(f"| {param} | " + " | ".join(cells) + " |")
     extras = [("endpoint for token-level comparison", lambda d: d.default_endpoint),

@@ -31,8 +31,11 @@ def _version(distribution: str) -> str:
 
 def cache_key(module: Any, kwargs: dict[str, Any], model_path: str, dtype: str, params: SamplingParams) -> str:
     model = Path(model_path)
+    # the module's source and that of the modules it declares its answers depend on (SOURCES: the adapter's
+    # translation, beam-search knowledge), so an edit to any of them is never answered from an old entry
+    files = [Path(m.__file__) for m in (module, *map(importlib.import_module, getattr(module, "SOURCES", ())))]
     parts = {
-        "source": hashlib.sha256(Path(module.__file__).read_bytes()).hexdigest(),
+        "source": hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest(),
         "kwargs": kwargs, "dtype": dtype, "params": params.model_dump(mode="json"), "model": str(model),
         "versions": {d: _version(d) for d in getattr(module, "DISTRIBUTIONS", ())},
         "files": {name: hashlib.sha256((model / name).read_bytes()).hexdigest()

@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from adapters.engines.hf import translate
-from adapters.sampling.common import settings_table, source_of
-from harness.scenario.vocabulary import GREEDY_IRRELEVANT, SHAPING, SamplingParams
+from adapters.engines.hf_beams import effective_fields, oracle_search
+from adapters.sampling.common import DEFAULT, settings_table, source_of
+from harness.scenario.vocabulary import BEAM, BEAM_OPTIONS, GREEDY_IRRELEVANT, SHAPING, SamplingParams
 from harness.types import Effective
 
 DISTRIBUTIONS = ("transformers",)
-SOURCED = (*SHAPING, "max_new_tokens", "min_new_tokens")  # the fields whose source (request or file) is reported
+SOURCES = ("adapters.engines.hf", "adapters.engines.hf_beams")  # modules the answers also depend on (cache key)
+# the fields whose source (request or file) is reported
+SOURCED = (*SHAPING, "max_new_tokens", "min_new_tokens", *BEAM)
 
 
 @lru_cache(maxsize=4)
@@ -56,8 +59,9 @@ def effective(model_path: Path, params: SamplingParams, dtype: str) -> Effective
     for field in SOURCED:
         sources[field] = source_of(field, native, json_config)
     sampling = bool(config.do_sample)
+    beam = effective_fields(config) if config.num_beams > 1 else {}
     return Effective(
-        decoding="sampling" if sampling else "greedy",
+        decoding="beam search" if beam else "sampling" if sampling else "greedy", **beam,
         temperature=config.temperature if sampling else None, top_k=config.top_k if sampling else None,
         top_p=config.top_p if sampling else None, min_p=config.min_p if sampling else None,
         repetition_penalty=config.repetition_penalty,
@@ -70,7 +74,9 @@ def effective(model_path: Path, params: SamplingParams, dtype: str) -> Effective
         notes=[f"{f}={json_config[f]} from the model's generation_config.json"
                for f, s in sources.items() if s == "generation_config.json"
                and (sampling or f not in GREEDY_IRRELEVANT)]
-        + [f"generate() warns and ignores {key}: {issue}" for key, issue in ignored.items()])
+        + [f"generate() warns and ignores {key}: {issue}" for key, issue in ignored.items()]
+        + [f"{f}={getattr(config, f)!r}: HF's default (neither the scenario nor generation_config.json sets it)"
+           for f in BEAM_OPTIONS if beam and sources[f] == DEFAULT])
 
 
 def minor_issues(config: Any) -> dict[str, str]:
@@ -129,3 +135,10 @@ def transplant(model_path: Path, params: SamplingParams, logits: Any, token_ids:
             scores = processor(context, scores)
             record.op(step, type(processor).__name__, scores)
         record.step(step, scores[0], sampling=bool(config.do_sample))
+
+
+def beam_search(model_path: Path, params: SamplingParams, prompt_ids: list[int], oracle: Any) -> list[Any]:
+    """HF's own beam search on the oracle's logits (`parity explain` for beams), with the hf adapter's kwargs."""
+    from transformers import AutoTokenizer
+
+    return oracle_search(oracle, prompt_ids, translate(params).native_params, AutoTokenizer.from_pretrained(model_path))

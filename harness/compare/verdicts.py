@@ -41,6 +41,13 @@ class Verdict(BaseModel):
     ref_top2_margin: float | None = None
     engine_token_in_ref_topk: bool | None = None
     ref_token_in_engine_topk: bool | None = None
+    # beam-search cases (harness.compare.beams): first_divergence is the best beams', max_abs_logprob_delta the
+    # largest cumulative-logprob |delta| of the beams both returned
+    best_beam_identical: bool | None = None
+    beam_set_identical: bool | None = None
+    beam_scores_within: bool | None = None
+    max_beam_score_delta: float | None = None
+    beams_compared: int | None = None
     explanation: str = ""
 
 

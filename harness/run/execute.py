@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness import models
+from harness.compare.beams import judge_all
 from harness.compare.ending import as_compared, ended_by
 from harness.compare.verdicts import judge
 from harness.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARITY
@@ -20,7 +21,16 @@ from harness.report.summary import write_summary
 from harness.run import invariance
 from harness.run.executor import EngineOutcome, Progress, run_engines
 from harness.run.plan import EnginePlan, engine_plan, select_engines, unavailable_engines
-from harness.run.store import EngineMeta, RunMeta, new_run_dir, results_frame, steps_frame, write_meta, write_parquet
+from harness.run.store import (
+    EngineMeta,
+    RunMeta,
+    beams_frame,
+    new_run_dir,
+    results_frame,
+    steps_frame,
+    write_meta,
+    write_parquet,
+)
 from harness.scenario.prompts import load_tokenizer, tokenize_prompts
 from harness.scenario.spec import LoadedScenario
 from harness.scenario.vocabulary import SamplingParams
@@ -127,12 +137,14 @@ def execute(scenario: LoadedScenario, out_root: Path, selection: Selection, para
                                                    min(models.eos_token_ids(ref_path), default=None)) for r in ordered}
     decode = lambda t: tokenizer.decode([t])  # noqa: E731
     judged = judge_samples if spec.sampling else judge
-    verdicts = pd.DataFrame() if interrupted and not results else judged(scenario, compared, decode)
+    verdicts = pd.DataFrame() if interrupted and not results else judge_all(judged, scenario, compared, decode)
     knob_rows = pd.DataFrame([row.model_dump() for row in invariance.judge(scenario, checks, results, decode)])
     params = {(n, c.case_id): c.engine_params[n].model_dump_json(exclude_none=True)
               for n in names for c in scenario.cases}
     write_parquet(run_dir / "results.parquet", results_frame(ordered, params, endings))
     write_parquet(run_dir / "steps.parquet", steps_frame(ordered))
+    if any(r.beams for r in ordered):
+        write_parquet(run_dir / "beams.parquet", beams_frame(ordered))
     if not verdicts.empty:
         write_parquet(run_dir / "verdicts.parquet", verdicts)
     if not knob_rows.empty:

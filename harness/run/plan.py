@@ -102,8 +102,11 @@ def unavailable_engines(scenario: LoadedScenario, names: list[str], allow_missin
     only the engine's package is needed (its sampling code), not its device."""
     missing = {}
     for name in names:
+        incapable = scenario.incapable.get(name)  # it lacks a decoding mode the cases need: a config error
+        if incapable and (not allow_missing or (need_reference and name == scenario.spec.reference)):
+            raise ConfigError(incapable)
         spec = scenario.spec.engines[name]
-        reason = registry.check_available(spec.engine, spec.python, spec.options, device)
+        reason = incapable or registry.check_available(spec.engine, spec.python, spec.options, device)
         if reason and (not allow_missing or (need_reference and name == scenario.spec.reference)):
             raise EngineUnavailable(reason + ("" if allow_missing else " (or pass --allow-missing to skip it)"))
         if reason:

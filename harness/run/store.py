@@ -1,4 +1,5 @@
-"""The run directory: reports/<run-id>/ with run.json, results.parquet, steps.parquet, verdicts.parquet, summary.md.
+"""The run directory: reports/<run-id>/ with run.json, results.parquet, steps.parquet, verdicts.parquet, summary.md
+(and beams.parquet when cases decode by beam search).
 
 Each file is written to a temporary name and renamed, so a reader never sees half a file. Engine journals
 (engines/<name>/results.jsonl) are appended as results arrive, so an interrupted run keeps what it computed.
@@ -150,6 +151,7 @@ def read_parquet(run_dir: Path, name: str, columns: list[str] | None = None,
 RESULT_COLUMNS = ["case_id", "engine", "status", "error", "params", "prompt_ids", "token_ids", "text",
                   "finish_reason", "ended_by", "native_params", "warnings", "timings", "effective", "samples"]
 STEP_COLUMNS = ["case_id", "engine", "step", "token_id", "chosen_logprob", "top_ids", "top_logprobs"]
+BEAM_COLUMNS = ["case_id", "engine", "rank", "token_ids", "logprobs", "cum_logprob", "score", "finish_reason", "text"]
 
 
 def results_frame(results: list[Result], params: dict[tuple[str, str], str],
@@ -181,3 +183,11 @@ def steps_frame(results: list[Result]) -> pd.DataFrame:
         "top_ids": [ids for r in ok for ids in r.top_ids],
         "top_logprobs": [lps for r in ok for lps in r.top_logprobs],
     }, columns=STEP_COLUMNS)
+
+
+def beams_frame(results: list[Result]) -> pd.DataFrame:
+    """One row per returned beam: its rank (0 = best), token ids, per-token logprobs, cumulative logprob and the
+    engine's final score."""
+    rows = [(r.case_id, r.engine, rank, b.token_ids, b.logprobs, b.cum_logprob, b.score, b.finish_reason, b.text)
+            for r in results if r.status == "ok" for rank, b in enumerate(r.beams)]
+    return pd.DataFrame(rows, columns=BEAM_COLUMNS)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -189,6 +189,9 @@ class LoadedScenario:
     path: Path
     spec: Scenario
     cases: list[Case]
+    # engine -> why it cannot run these cases (a decoding mode it lacks, such as beam search): `validate` and a run
+    # refuse it (exit 2), `--allow-missing` skips it
+    incapable: dict[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -202,7 +205,9 @@ class LoadedScenario:
         unknown = [c for c in only if c not in known]
         if unknown:
             raise ConfigError(f"--case: {unknown} not in {self.path} (cases: {', '.join(known)})")
-        return replace(self, cases=[c for c in self.cases if c.case_id in only])
+        kept = [c for c in self.cases if c.case_id in only]
+        searching = any(p.num_beams for c in kept for p in c.engine_params.values())
+        return replace(self, cases=kept, incapable=self.incapable if searching else {})
 
     def with_engines(self, names: list[str]) -> LoadedScenario:
         """A copy whose spec keeps only these engines (in the scenario's order)."""
@@ -306,5 +311,38 @@ def load(path: str | Path) -> LoadedScenario:
                     where = ("engines", name, "params") if engine.params else ("grid",)
                     raise _format_pydantic_error(source, exc, where) from None
             case_id = f"{prompt.id}[{suffix}]" if suffix else prompt.id
+            _check_beam_case(source, spec, case_id, per_engine)
             cases.append(Case(case_id, prompt, per_engine))
-    return LoadedScenario(Path(path), spec, cases)
+    return LoadedScenario(Path(path), spec, cases, _incapable(source, spec, cases))
+
+
+def _beam_key(spec: Scenario, engine: str) -> tuple:
+    """The key path where an engine's beam search is asked for (its own params, the grid, or the shared params)."""
+    if "num_beams" in spec.engines[engine].params:
+        return ("engines", engine, "params", "num_beams")
+    return ("grid", "num_beams") if "num_beams" in spec.grid else ("params", "num_beams")
+
+
+def _check_beam_case(source: YamlSource, spec: Scenario, case_id: str, params: dict[str, SamplingParams]) -> None:
+    """A case is beam search for every engine or for none: its beams are compared with the reference's."""
+    searching = {name for name, p in params.items() if p.num_beams}
+    if searching and len(searching) < len(params):
+        other = next(n for n in params if n not in searching)
+        raise source.error(_beam_key(spec, next(iter(searching))), f"case {case_id}: engine {other} does not search "
+                           "beams where the others do: set num_beams for every engine of a case, or for none")
+
+
+def _incapable(source: YamlSource, spec: Scenario, cases: list[Case]) -> dict[str, str]:
+    """Engines asked for beam search that have none: one line each, with file, line and the fix."""
+    from adapters import registry
+
+    beam_cases = [c.case_id for c in cases if any(p.num_beams for p in c.engine_params.values())]
+    found = {}
+    for name, engine in spec.engines.items():
+        if beam_cases and not registry.describe(engine.engine).capabilities.beam_search:
+            able = [n for n, d in registry.descriptions().items() if d.capabilities.beam_search]
+            found[name] = source.error(_beam_key(spec, name), (
+                f"engine {name} ({engine.engine}) has no beam search, and case(s) {', '.join(beam_cases[:3])} ask "
+                f"for it: drop the engine, run it with --allow-missing to skip it, or use one that has it "
+                f"({', '.join(able)})")).message
+    return found

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -21,6 +21,7 @@ class Group(StrEnum):
     PENALTY = "penalty"  # logit changes that depend on the tokens seen so far
     LENGTH = "length"  # when generation ends
     RANDOMNESS = "randomness"  # which random stream a sample draws from
+    BEAM = "beam"  # beam search: how many partial sequences are kept, how they are scored and when the search ends
 
 
 @dataclass(frozen=True)
@@ -74,12 +75,43 @@ class SamplingParams(BaseModel):
     ignore_eos: Annotated[bool, ParamInfo(Group.LENGTH, False, meaning="generate past EOS")] = False
     do_sample: Annotated[bool | None, ParamInfo(
         Group.DECODING, meaning="sample (true) or take the argmax (false); unset: temperature > 0")] = None
+    # Beam search. Unset beam params (other than num_return_sequences) mean the engine's own default, which
+    # `parity params` shows: there is no value every engine reads as "no effect".
+    num_beams: Annotated[int | None, Field(ge=2), ParamInfo(
+        Group.BEAM, meaning="beam search keeping this many partial sequences (the beam width); unset: no beam "
+                            "search")] = None
+    length_penalty: Annotated[float | None, ParamInfo(
+        Group.BEAM, meaning="a finished beam's score is its cumulative logprob / length ** length_penalty; which "
+                            "length is the engine's rule")] = None
+    early_stopping: Annotated[bool | Literal["never"] | None, ParamInfo(
+        Group.BEAM, meaning="when the search may end before max_new_tokens (HF: true, false: a heuristic, "
+                            "never)")] = None
+    num_return_sequences: Annotated[int | None, Field(ge=1), ParamInfo(
+        Group.BEAM, meaning="how many of the best beams are returned and compared; unset: num_beams")] = None
 
     @model_validator(mode="after")
     def _sampling_needs_temperature(self) -> SamplingParams:
         if self.do_sample and self.temperature == 0:
             raise ValueError("do_sample: true with temperature: 0 is contradictory; drop one of them")
         return self
+
+    @model_validator(mode="after")
+    def _beam_params_need_beams(self) -> SamplingParams:
+        others = [n for n in BEAM_OPTIONS if getattr(self, n) is not None]
+        if others and self.num_beams is None:
+            raise ValueError(f"{', '.join(others)}: for beam search only: set num_beams too, or drop it")
+        if self.num_beams is not None and not self.greedy:
+            raise ValueError("num_beams with sampling (beam sampling) is not compared: beam search here is "
+                             "deterministic; set temperature: 0 or drop num_beams")
+        if (self.num_return_sequences or 0) > (self.num_beams or 0):
+            raise ValueError(f"num_return_sequences {self.num_return_sequences} exceeds num_beams "
+                             f"{self.num_beams}: a search returns at most its beams")
+        return self
+
+    @property
+    def beams_returned(self) -> int:
+        """How many beams a beam-search case returns and compares (0: not beam search)."""
+        return self.num_return_sequences or self.num_beams or 0
 
     @property
     def greedy(self) -> bool:
@@ -113,6 +145,8 @@ def names(*groups: Group, greedy_irrelevant: bool | None = None) -> tuple[str, .
 
 
 PENALTIES = names(Group.PENALTY)
+BEAM = names(Group.BEAM)
+BEAM_OPTIONS = tuple(n for n in BEAM if n != "num_beams")  # the beam params besides the width
 TRUNCATION = names(Group.TRUNCATION)
 GREEDY_IRRELEVANT = names(greedy_irrelevant=True)
 NEUTRAL: dict[str, Any] = {n: i.neutral for n, i in PARAMS.items() if i.neutral is not None}

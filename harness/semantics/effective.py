@@ -14,7 +14,7 @@ from harness.errors import ConfigError
 from harness.scenario.spec import LoadedScenario
 from harness.scenario.vocabulary import GREEDY_IRRELEVANT, NEUTRAL, SamplingParams
 from harness.semantics.jobs import SamplingJob, SamplingJobFailed
-from harness.types import COMPARED, Effective
+from harness.types import BEAM_EFFECTIVE, COMPARED, Effective
 
 
 def display(value: Any) -> str:
@@ -146,8 +146,9 @@ def table_rows(by_engine: dict[str, Effective], everything: bool) -> list[tuple[
     """(field, value per engine, differs) rows for display: the decoding mode and the differing fields (every field
     when `everything`); rejected engines show their reason."""
     differ = set(differing_fields(by_engine))
+    beams = any(e.num_beams for e in by_engine.values())  # beam settings are shown whole, defaults included
     fields = (*COMPARED, "processors") if everything else \
-        [f for f in COMPARED if f == "decoding" or f in differ]
+        [f for f in COMPARED if f == "decoding" or f in differ or (beams and f in BEAM_EFFECTIVE)]
     rows = [(f, [display(getattr(e, f)) if not e.rejected else "" for e in by_engine.values()], f in differ)
             for f in fields]
     # every token-changing setting outside the canonical params is shown, whether engines differ on it or not

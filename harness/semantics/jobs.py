@@ -21,7 +21,7 @@ class SamplingJobFailed(Exception):
 
 @dataclass
 class SamplingJob:
-    task: str  # effective | transplant
+    task: str  # effective | transplant | beams
     engine: str  # the engine instance's name, for messages
     code: SamplingCode | None
     model_path: Path
