@@ -16,8 +16,11 @@ ENVS_ROOT = PROJECT_ROOT / ".venvs"
 
 
 def declared() -> dict[str, dict]:
-    config = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())
-    return config.get("tool", {}).get("llm-parity", {}).get("envs", {})
+    """The engine environments pyproject.toml declares; none in an installed copy (they are built from a checkout)."""
+    path = PROJECT_ROOT / "pyproject.toml"
+    if not path.exists():
+        return {}
+    return tomllib.loads(path.read_text()).get("tool", {}).get("llm-parity", {}).get("envs", {})
 
 
 def spec(name: str) -> dict:
