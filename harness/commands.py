@@ -22,7 +22,7 @@ def _note(kind: str, text: str) -> None:
 
 
 def run_and_print(scenario: LoadedScenario, out: Path, selection: Selection, parallel: int | None) -> RunOutcome:
-    from harness.report.summary import print_verdicts
+    from harness.report.summary import print_drift, print_verdicts
 
     progress = EngineProgress()
 
@@ -37,6 +37,8 @@ def run_and_print(scenario: LoadedScenario, out: Path, selection: Selection, par
         progress.stop()
     if not outcome.verdicts.empty:
         print_verdicts(outcome.verdicts, outcome.scenario.spec.reference)
+    if not outcome.drift.empty:
+        print_drift(outcome.drift)
     for name, warnings in outcome.warnings.items():
         for warning in warnings:
             _note("warning", f"{name}: {warning}")
