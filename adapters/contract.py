@@ -54,6 +54,7 @@ class Capabilities:
     samples: bool = False  # N seeded samples of the first tokens per request (sampling parity)
     dtypes: tuple[str, ...] = DTYPES  # dtypes it runs; float64 here means it can serve as the noise floor
     server: bool = False  # talks HTTP to a server (started by the harness or attached by url)
+    scores: bool = False  # score(): teacher-forced top-k logprobs of a given sequence, for an engine without traces
 
 
 @dataclass(frozen=True)

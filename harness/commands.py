@@ -178,7 +178,8 @@ def engines_and_print() -> None:
         pinned = registry.pinned_version(requirement) or "any"
         caps = description.capabilities
         can = [c for c, on in (("logprobs", caps.logprobs), ("traces", caps.traces), ("samples", caps.samples),
-                               ("server", caps.server), ("sampling code", description.sampling is not None)) if on]
+                               ("server", caps.server), ("teacher-forced scores", caps.scores),
+                               ("sampling code", description.sampling is not None)) if on]
         rows.append([name, "yes" if reason is None else f"no: {reason}",
                      f"{requirement.distribution} {installed} (pinned {pinned})", ", ".join(can),
                      ", ".join(caps.dtypes), description.summary])
