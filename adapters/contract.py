@@ -79,6 +79,9 @@ class EngineDescription:
     capabilities: Capabilities = Capabilities()
     sampling: Callable[[Any], SamplingCode | None] | None = None  # options -> its sampling code, if it has any
     dialect: Callable[[Any], str | None] | None = None  # options -> the server dialect it speaks (server engines)
+    # model folder -> what the engine built from it once (its own weight files), for `parity models prepare`; run
+    # where the engine's package is installed, returns one line saying what was built or why nothing was
+    prepare: Callable[[Path], str] | None = None
 
     @property
     def factory(self) -> str:

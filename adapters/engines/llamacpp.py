@@ -197,4 +197,5 @@ DESCRIPTION = EngineDescription(
     requirement=Requirement(module="llama_cpp", distribution="llama-cpp-python", extra="llamacpp"),
     capabilities=Capabilities(traces=True, dtypes=("float32",)),
     sampling=lambda options: SamplingCode("adapters.sampling.llamacpp", {
-        "mode": "library", "last_n_tokens": options.last_n_tokens, "gguf": options.gguf}))
+        "mode": "library", "last_n_tokens": options.last_n_tokens, "gguf": options.gguf}),
+    prepare=llamacpp_gguf.prepare)

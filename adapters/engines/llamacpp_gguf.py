@@ -23,6 +23,7 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +132,15 @@ def _build(model_path: Path, variant: str) -> Path:
     return path
 
 
+def prepare(model_path: Path) -> str:
+    """Every variant of a model folder (for `parity models prepare`): one line naming what is there."""
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    if config.get("model_type") not in ARCHITECTURES:
+        return f"no GGUF variants: model type '{config.get('model_type')}' has no GGUF writer here"
+    built = [ensure(model_path, variant) for variant in (*FULL_PRECISION, *QUANTISED)]
+    return f"GGUF variants {', '.join(p.stem for p in built)} in {built[0].parent}"
+
+
 def _atomic(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.unlink(missing_ok=True)
@@ -141,6 +151,7 @@ def _atomic(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
 
 
+@lru_cache(maxsize=2)
 def _tokenizer_fields(model_path: Path):
     """The tokenizer.* fields of the bundled GGUF, after checking its vocabulary is the model folder's."""
     import gguf
@@ -210,6 +221,28 @@ def quantise(source: Path, out: Path, variant: str) -> None:
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = QUANTISED[variant]
     params.nthread = int(os.environ.get("OMP_NUM_THREADS", "1"))
-    status = llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), params)
+    log = out.parent / f"{variant}.quantize.log"  # llama.cpp's report (types chosen, fallbacks) goes here
+    with open(log, "w") as sink, _c_output_to(sink):
+        status = llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), params)
     if status != 0:
-        raise RuntimeError(f"gguf: llama_model_quantize {source.name} -> {variant} failed (status {status})")
+        raise RuntimeError(f"gguf: llama_model_quantize {source.name} -> {variant} failed (status {status}); "
+                           f"see {log}")
+
+
+@contextmanager
+def _c_output_to(sink) -> Iterator[None]:
+    """Point the process's stdout and stderr file descriptors (where llama.cpp's C code logs) at a file."""
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    os.dup2(sink.fileno(), 1)
+    os.dup2(sink.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
