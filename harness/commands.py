@@ -153,6 +153,10 @@ def gate_and_print(scenarios: list[LoadedScenario], baseline: Path, out: Path, s
         if outcome.interrupted:
             return EXIT_INTERRUPTED
         expected = {(r.engine, r.case_id): (bool(r.expected), r.explanation) for r in outcome.verdicts.itertuples()}
+        for r in outcome.drift.itertuples():  # a quantisation drift beyond its thresholds fails the case too
+            if not r.ok:
+                text = expected.get((r.engine, r.case_id), (True, ""))[1]
+                expected[(r.engine, r.case_id)] = (False, "; ".join(filter(None, [text, r.explanation])))
         tolerances = {name: scenario.spec.engine_expectation(name).max_logprob_delta or DEFAULT_LOGPROB_TOLERANCE
                       for name in scenario.spec.engines}
         cases += judge_run(outcome.run_dir, baseline, expected, tolerances)
