@@ -202,3 +202,39 @@ def test_params_and_transplant_cover_llama_cpps_sampler_chain(tmp_path: Path) ->
         (transplant.run_dir / "transplant" / "verdicts.json").read_text())}["llama.cpp"]
     assert verdict["cause"] == "sampler" and verdict["params"] == ["repetition_penalty"]
     assert "hf counts prompt and output tokens, llama.cpp counts the last 64 generated tokens" in verdict["verdict"]
+
+
+TINY = """\
+name: tiny-drift
+model: tiny-llama
+engines:
+  hf: {engine: hf, reference: true}
+  f32: {engine: llama.cpp}
+  q8: {engine: llama.cpp, options: {gguf: q8_0}, expect: {tokens: any}, drift: {against: f32, max_mean_kld: 1.0e-12}}
+prompts: [{id: chat, messages: [{role: user, content: "Hi there"}]}]
+params: {temperature: 0, max_new_tokens: 12, ignore_eos: true}
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[ParityRun, Path]:
+    """The random 2-layer Llama (2 heads, 1 KV head, head_dim 32) with a drift threshold no quantisation meets."""
+    tmp = tmp_path_factory.mktemp("tiny")
+    scenario = write_scenario(tmp / "tiny.yaml", TINY)
+    return parity("explain", str(scenario), out=tmp / "reports"), scenario
+
+
+def test_a_drift_beyond_its_threshold_fails_the_run_and_the_gate(tiny, tmp_path: Path) -> None:
+    run, scenario = tiny
+    assert run.code == 1, run.stdout[-3000:]
+    drift = pd.read_parquet(run.run_dir / "drift.parquet").set_index("engine").loc["q8"]
+    assert not drift.ok
+    assert drift.explanation.startswith("quantisation drift beyond the scenario's thresholds (mean KLD")
+    assert run.verdicts.set_index("engine").loc["f32", "verdict"] == "match"
+    f32 = _localisations(run)["f32"]  # another head layout (GQA 2:1, head_dim 32) un-permuted correctly
+    assert f32["cause"] == "none" and len(f32["curve"]) == 2
+    saved = parity("baseline", "save", str(run.run_dir), "--to", str(tmp_path / "baselines"))
+    assert saved.code == 0
+    gate = parity("gate", str(scenario), "--baseline", str(tmp_path / "baselines"), out=tmp_path / "reports")
+    assert gate.code == 1 and "REGRESSION tiny-drift chat [q8]: out of expectation:" in gate.stdout
+    assert "quantisation drift beyond the scenario's thresholds" in gate.stdout
