@@ -85,7 +85,7 @@ def _ggml() -> Any:
     lib = ggml.libggml
     for name, restype, argtypes in (
             ("ggml_get_name", ctypes.c_char_p, [ctypes.c_void_p]), ("ggml_op_desc", ctypes.c_char_p, [ctypes.c_void_p]),
-            ("ggml_nelements", ctypes.c_int64, [ctypes.c_void_p]), ("ggml_nbytes", ctypes.c_size_t, [ctypes.c_void_p]),
+            ("ggml_nelements", ctypes.c_int64, [ctypes.c_void_p]),
             ("ggml_is_contiguous", ctypes.c_bool, [ctypes.c_void_p]),
             ("ggml_backend_tensor_get", None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t])):
         function = getattr(lib, name)
