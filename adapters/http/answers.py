@@ -12,8 +12,8 @@ from harness.types import Request, Result, Translation
 
 
 def to_result(name: str, request: Request, translation: Translation, body: dict[str, Any], completion: Completion,
-              table: TokenTable, url: str) -> Result:
-    resolver = TokenResolver(table)
+              table: TokenTable, url: str, empty_token_id: int | None = None) -> Result:
+    resolver = TokenResolver(table, empty_token_id)
     steps = completion.steps
     if not steps and (completion.text or completion.token_ids):
         return Result.engine_error(request.case_id, name, (

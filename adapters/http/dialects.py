@@ -39,6 +39,12 @@ class Dialect:
     beam_fields: dict[str, str] = field(default_factory=dict)
     beam_request: dict[str, Any] = field(default_factory=dict)
     beam_notes: dict[str, str] = field(default_factory=dict)  # beam param -> what the server does instead
+    # what token text '' stands for in its answers: "" nothing known (dropped, warned); "eos" the server writes special
+    # tokens as empty text, so '' is taken as the model's EOS (warned)
+    empty_token: str = ""
+    # the OpenAPI component of its completions request, checked against the live server's /openapi.json at start:
+    # every field the dialect sends must exist there, and its defaults must be the ones written here
+    request_schema: str = ""
 
     def sampling_code(self, defaults: str) -> SamplingCode | None:
         """The sampling code of a server of this kind that the harness did not start (its own default
@@ -91,14 +97,24 @@ DIALECTS: dict[str, Dialect] = {
                                    "skip_special_tokens"}),
         sampling=SamplingCode("adapters.sampling.lmdeploy", {"mode": "server", "generation_config": "auto"})),
     "llamacpp": Dialect(
-        "llamacpp", "llama.cpp llama-server (OpenAI-compatible endpoints)",
+        "llamacpp", "llama.cpp's native llama-server (OpenAI-compatible endpoints)",
         extra_fields={"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repeat_penalty"},
-        defaults={"top_k": 40, "top_p": 0.95, "min_p": 0.05,
-                  "repetition_penalty": "1.0 (llama_cpp.server, the Python one: 1.1)"},
-        nonneutral=frozenset({"top_k", "top_p", "min_p", "repetition_penalty"}),
+        defaults={"top_k": 40, "top_p": 0.95, "min_p": 0.05, "repetition_penalty": 1.0},
+        nonneutral=frozenset({"top_k", "top_p", "min_p"}),
         token_id_prompts=True,
-        notes="llama_cpp.server (Python) rejects token-id prompts; use text prompts with it",
+        notes="the native C++ server; llama-cpp-python's Python server is the llama-cpp-python dialect",
         sampling=SamplingCode("adapters.sampling.dialect", {"dialect": "llamacpp"})),
+    "llama-cpp-python": Dialect(
+        "llama-cpp-python", "llama-cpp-python's OpenAI-compatible server (python -m llama_cpp.server)",
+        extra_fields={"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repeat_penalty",
+                      "min_new_tokens": "min_tokens"},
+        defaults={"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repetition_penalty": 1.1,
+                  "max_new_tokens": 16},
+        nonneutral=frozenset({"top_k", "top_p", "min_p", "repetition_penalty"}),
+        notes="text prompts only (token-id prompts are rejected); top logprobs come as token text, special tokens "
+              "as '' (taken as the EOS, with a warning); stops on EOS without returning it",
+        empty_token="eos", request_schema="CreateCompletionRequest",
+        sampling=SamplingCode("adapters.sampling.llamacpp", {"mode": "server"})),
     "sglang": Dialect(
         "sglang", "SGLang OpenAI-compatible server",
         extra_fields={"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty",

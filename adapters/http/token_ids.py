@@ -44,15 +44,20 @@ class TokenTable:
 @dataclass
 class TokenResolver:
     table: TokenTable
+    empty_token_id: int | None = None  # the id '' stands for, for a server that writes special tokens as ''
     ambiguous: dict[str, list[int]] = field(default_factory=dict)
     unmapped: set[str] = field(default_factory=set)
     inferred: bool = False
+    empty_taken: bool = False
 
     def resolve(self, token: str) -> int | None:
         """The id of a token as a server wrote it; None (and a warning) when no id has that text."""
         if token.startswith(TOKEN_ID_PREFIX):
             return int(token[len(TOKEN_ID_PREFIX):])
         self.inferred = True
+        if token == "" and self.empty_token_id is not None:
+            self.empty_taken = True
+            return self.empty_token_id
         piece = self.table.piece(token)
         if piece is not None:  # a vocabulary piece is exact
             return piece
@@ -70,6 +75,9 @@ class TokenResolver:
             notes.append("token ids inferred from token text with the model tokenizer (the server returns no ids)")
         for text, ids in self.ambiguous.items():
             notes.append(f"ambiguous token text {text!r}: ids {ids[:5]} decode to it; took {ids[0]}")
+        if self.empty_taken:
+            notes.append(f"token text '' taken as the EOS (id {self.empty_token_id}): the server writes special "
+                         "tokens as empty text (a partial UTF-8 piece would read the same)")
         if self.unmapped:
-            notes.append(f"token text with no matching id (steps dropped): {sorted(self.unmapped)[:5]}")
+            notes.append(f"token text with no matching id (dropped from the top-k lists): {sorted(self.unmapped)[:5]}")
         return notes

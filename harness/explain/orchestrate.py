@@ -27,7 +27,7 @@ from harness.run.plan import engine_plan
 from harness.run.store import write_json, write_parquet
 from harness.scenario.prompts import load_tokenizer
 from harness.semantics.meaning import explain_differences, param_differences
-from harness.types import TraceRequest, TraceResult
+from harness.types import Result, TraceRequest, TraceResult
 
 FLOOR_DTYPE = {"float32": "float64", "bfloat16": "float32", "float16": "float32"}
 
@@ -78,8 +78,11 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
         ids = [int(t) for t in (*row["prompt_ids"], *row["token_ids"])]
         requests.append(TraceRequest(case_id=case_id, token_ids=ids, prompt_len=len(row["prompt_ids"])))
     traceable = [n for n in spec.engines if registry.describe(spec.engines[n].engine).capabilities.traces]
+    scorable = [n for n in spec.engines if n not in traceable
+                and registry.describe(spec.engines[n].engine).capabilities.scores]
     notes += [f"{n}: not traced ({spec.engines[n].engine} engines cannot capture activations): its verdict-level "
-              "reasoning is given instead" for n in spec.engines if n not in traceable]
+              "reasoning is given instead" + (", with its teacher-forced top-k logprobs" if n in scorable else "")
+              for n in spec.engines if n not in traceable]
     if ref not in traceable:
         able = [name for name, d in registry.descriptions().items() if d.capabilities.traces]
         raise ConfigError(f"explain needs a reference engine that can be traced ({', '.join(able)}); '{ref}' is "
@@ -88,6 +91,7 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
     high = floor_dtype(spec.engines[ref].engine, dtype)
     floor_name = f"{ref}@{high}" if high else None
     plans = [engine_plan(scenario, n, run_dir, requests, op="trace") for n in traceable]
+    plans += [engine_plan(scenario, n, run_dir, requests, op="score", plan_name=n + FORCED) for n in scorable]
     if high:
         plans.append(engine_plan(scenario, ref, run_dir, requests, op="trace", dtype=high, plan_name=floor_name))
     else:
@@ -118,7 +122,8 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
             if name == ref:
                 continue
             if name not in traceable:
-                localisations.append(untraced(outcome, name, request.case_id))
+                forced = traces.get((name + FORCED, request.case_id))
+                localisations.append(untraced(outcome, name, request.case_id, forced, decode))
                 continue
             result = traces.get((name, request.case_id))
             loc, frame, points = _explain_engine(outcome, results, steps, request, name, result,
@@ -144,20 +149,47 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
 
 
 UNTRACED_CAUSE = {"match": "none", "benign_tie": "near_tie", "hazard": "hazard", "engine_error": "no_trace"}
+FORCED = "@forced"  # plan-name suffix of an untraced engine's teacher-forced scoring pass
 
 
-def untraced(outcome: RunOutcome, name: str, case_id: str) -> Localisation:
+def untraced(outcome: RunOutcome, name: str, case_id: str, forced: Result | None = None,
+             decode: Callable[[int], str] = str) -> Localisation:
     """An engine that cannot be traced still gets the verdict-level reasoning of the run: the divergence step, the
-    near-tie rule, whether a token was chosen after the logits (its own top-1 check), the params that differ."""
+    near-tie rule, whether a token was chosen after the logits (its own top-1 check), the params that differ; and,
+    where it can score a given text (teacher-forced top-k logprobs, e.g. a server's echo), what it ranks first at
+    the divergent step given the reference's tokens."""
     ref = outcome.scenario.spec.reference
     row = outcome.verdicts.set_index(["engine", "case_id"]).loc[(name, case_id)]
     picked_after = "chosen after the logits" in row["explanation"]
     cause = UNTRACED_CAUSE.get(row["verdict"], "sampler" if picked_after else "untraced")
     step = int(row["first_divergence"]) if row["first_divergence"] is not None and row["first_divergence"] >= 0 \
         else None
-    return Localisation(case_id=case_id, engine=name, reference=ref, cause=cause, first_step=step,
-                        verdict=f"not traced (no per-layer capture for this engine); from the run: {row['verdict']}: "
-                                f"{row['explanation']}")
+    verdict = f"not traced (no per-layer capture for this engine); from the run: {row['verdict']}: {row['explanation']}"
+    if forced is not None and step is not None:
+        note, forced_cause = forced_note(name, forced, step, int(row["ref_token"]), int(row["engine_token"]), decode)
+        verdict += f"; {note}"
+        cause = forced_cause or cause
+    return Localisation(case_id=case_id, engine=name, reference=ref, cause=cause, first_step=step, verdict=verdict)
+
+
+def forced_note(name: str, forced: Result, step: int, ref_token: int, engine_token: int,
+                decode: Callable[[int], str]) -> tuple[str, str | None]:
+    """What an untraced engine ranks first at the divergent step when fed the reference's tokens, and the cause that
+    implies (None: no change to the run's reading)."""
+    if forced.status != "ok":
+        return f"no teacher-forced logprobs ({forced.error})", None
+    if step >= len(forced.top_ids) or len(forced.top_ids[step]) < 2:
+        return f"the teacher-forced logprobs have no top-2 at step {step}", None
+    top, values = forced.top_ids[step], forced.top_logprobs[step]
+    margin = values[0] - values[1]
+    text = (f"teacher-forced on the reference's tokens, at step {step} {name} ranks {decode(top[0])!r} "
+            f"first, {margin:.3g} nats above {decode(top[1])!r}")
+    if top[0] == ref_token and engine_token != ref_token:
+        return (text + ": given the same tokens it agrees with the reference, so its generation chose "
+                f"{decode(engine_token)!r} after the logits (sampler or penalty semantics)"), "sampler"
+    if top[0] == engine_token:
+        return text + ": its own logits prefer the token it generated, a difference in the logits", None
+    return text, None
 
 
 def _trace(result: TraceResult | None) -> Trace | None:

@@ -170,6 +170,21 @@ def prepare(name: str, force: bool = False) -> Path:
     return target
 
 
+def prepare_for_engines(name: str) -> list[tuple[str, str]]:
+    """The engines' own files for a named model (an engine description's `prepare`, e.g. llama.cpp's GGUF variants),
+    built once from its float32 folder by every engine installed here: (engine, what it built or why not)."""
+    from adapters import registry
+
+    out = []
+    for engine, description in registry.descriptions().items():
+        if description.prepare is None:
+            continue
+        missing = registry.check_available(engine, device=False)
+        out.append((engine, f"not built ({missing})" if missing else
+                    description.prepare(MODELS[name].folder("float32"))))
+    return out
+
+
 def resolve(model: str, dtype: str, origin: str = "scenario") -> Path:
     """A scenario's `model:` value -> an HF-format folder. Named models are prepared on first use."""
     if model in MODELS:

@@ -228,6 +228,41 @@ def _invariance_section(run_dir: Path) -> str:
     return "\n".join(out) + "</table>"
 
 
+def _drift_section(run_dir: Path) -> str:
+    """Quantisation drift: the per-case measures, the distribution of per-token KLD of each engine over all cases
+    (sorted: the value at each percentile of tokens), and per case the KLD of each token."""
+    drift = read_parquet(run_dir, "drift.parquet", required=False)
+    tokens = read_parquet(run_dir, "drift_tokens.parquet", required=False)
+    if drift is None or drift.empty:
+        return ""
+    from harness.report.summary import DRIFT_HEADERS, drift_rows
+
+    out = ["<h2 id='drift'>Quantisation drift</h2><p>Each case's text (the baseline's prompt and generated tokens) "
+           "teacher-forced through the engine and its full-precision baseline; per token the KL divergence of the "
+           "engine's next-token distribution from the baseline's, whether both rank the same token first, and delta "
+           "p of the text's token (llama.cpp's <code>perplexity --kl-divergence</code> measures).</p><table id='drift-"
+           "table'><tr>" + "".join(f"<th>{_e(h)}</th>" for h in DRIFT_HEADERS) + "</tr>"]
+    for row, cells in zip(drift.itertuples(), drift_rows(drift), strict=True):
+        out.append(f"<tr class='{'' if row.ok else 'no'}'>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+    out.append("</table>")
+    if tokens is None or tokens.empty:
+        return "".join(out)
+    series = {}
+    for engine, group in tokens.groupby("engine", sort=False):
+        values = sorted(group["kld"].tolist())
+        series[engine] = ([100.0 * i / max(1, len(values) - 1) for i in range(len(values))], values)
+    width = 160 * len(series) + 120  # room for every engine's legend entry
+    out.append(svg_plot(series, "per-token KLD over all cases, sorted (distribution)", width=width,
+                        xlabel="percentile of tokens"))
+    for case_id, group in tokens.groupby("case_id", sort=False):
+        per_engine = {engine: (g["position"].tolist(), g["kld"].tolist())
+                      for engine, g in group.groupby("engine", sort=False)}
+        out.append(f"<div class='case'><h3>{_e(case_id)}: drift per token</h3>"
+                   + svg_plot(per_engine, f"{case_id}: KLD per generated token", width=width, xlabel="token")
+                   + "</div>")
+    return "".join(out)
+
+
 def _transplant_section(run_dir: Path) -> str:
     path = run_dir / "transplant" / "verdicts.json"
     if not path.exists():
@@ -253,7 +288,8 @@ def build(run_dir: Path) -> str:
     body.append(_verdict_table(verdicts) if not verdicts.empty else "<p>No verdicts (interrupted run).</p>")
     body.append("<h2>Cases</h2>")
     body += [_case_section(i, v, results, steps, reference, decode) for i, v in enumerate(verdicts.itertuples())]
-    body += [_invariance_section(run_dir), _explain_section(run_dir), _transplant_section(run_dir)]
+    body += [_invariance_section(run_dir), _drift_section(run_dir), _explain_section(run_dir),
+             _transplant_section(run_dir)]
     body += ["<h2>Params</h2><p>Rows where the engines were given different canonical params are marked.</p>",
              _params_table(results), "<h3>Effective params (each engine's own code, first case)</h3>",
              _effective_table(results), "<h2>Engines and machine</h2><table id='engines'><tr><th>engine</th>"

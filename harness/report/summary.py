@@ -68,7 +68,25 @@ def print_invariance(rows: pd.DataFrame) -> None:
     print_table("invariance: the same engine under a baseline and a variant configuration", headers, table, styles)
 
 
-def write_summary(path: Path, meta: RunMeta, verdicts: pd.DataFrame, knobs: pd.DataFrame | None = None) -> None:
+DRIFT_HEADERS = ["case", "engine", "against", "ok", "mean KLD", "p99 KLD", "top-1 agreement", "RMS delta p",
+                 "PPL (base)", "explanation"]
+
+
+def drift_rows(drift: pd.DataFrame) -> list[list[str]]:
+    return [[r.case_id, r.engine, r.against, "yes" if r.ok else "NO", _num(r.mean_kld, ".3g"), _num(r.p99_kld, ".3g"),
+             "" if r.status != "ok" else f"{r.top1_agreement:.1%}", _num(r.rms_delta_p, ".3g"),
+             "" if r.status != "ok" else f"{r.ppl:.4g} ({r.ppl_base:.4g})", r.explanation]
+            for r in drift.itertuples()]
+
+
+def print_drift(drift: pd.DataFrame) -> None:
+    rows = drift_rows(drift)
+    styles = [["", "", "", "" if row[3] == "yes" else "bold red", *[""] * 6] for row in rows]
+    print_table("quantisation drift (llama.cpp's perplexity --kl-divergence measures)", DRIFT_HEADERS, rows, styles)
+
+
+def write_summary(path: Path, meta: RunMeta, verdicts: pd.DataFrame, drift: pd.DataFrame | None = None,
+                  knobs: pd.DataFrame | None = None) -> None:
     lines = [f"# {meta.scenario_name}: run {meta.run_id}", "",
              f"- scenario: `{meta.scenario}`", f"- model: `{meta.model}`",
              f"- reference engine: `{meta.reference}`", f"- status: {meta.status}, exit code {meta.exit_code}",
@@ -96,6 +114,13 @@ def write_summary(path: Path, meta: RunMeta, verdicts: pd.DataFrame, knobs: pd.D
         lines += [f"| {r.engine} | {knob_label(r.knob, r.control)} | {r.baseline} | {r.variant} | "
                   f"{r.verdict} | {'yes' if r.expected else 'NO'} | {r.explanation.replace('|', '/')} |"
                   for r in knobs.itertuples()]
+    if drift is not None and not drift.empty:
+        lines += ["", "## Quantisation drift", "", "Each case's text (the baseline's prompt and generated tokens) "
+                  "teacher-forced through both engines; per token: KL divergence of the engine's next-token "
+                  "distribution from the baseline's, same top-1, delta p of the text's token (llama.cpp's perplexity "
+                  "--kl-divergence measures; per token in drift_tokens.parquet).", ""]
+        lines += ["| " + " | ".join(DRIFT_HEADERS) + " |", "|" + "---|" * len(DRIFT_HEADERS)]
+        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in drift_rows(drift)]
     if meta.effective_differences:
         lines += ["", "## Effective params that differ (computed by each engine's own code)", ""]
         lines += [f"- cases {', '.join(cases)}: {text}" for cases, text in meta.effective_differences]

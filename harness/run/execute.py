@@ -18,7 +18,7 @@ from harness.compare.ending import as_compared, ended_by
 from harness.compare.verdicts import judge
 from harness.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARITY
 from harness.report.summary import write_summary
-from harness.run import invariance
+from harness.run import drift, invariance
 from harness.run.executor import EngineOutcome, Progress, run_engines
 from harness.run.plan import EnginePlan, engine_plan, select_engines, unavailable_engines
 from harness.run.store import (
@@ -60,6 +60,7 @@ class RunOutcome:
     effective_differences: list[tuple[list[str], str]]
     skipped: dict[str, str] = field(default_factory=dict)  # engine -> why it could not run here (--allow-missing)
     invariance: pd.DataFrame = field(default_factory=pd.DataFrame)  # invariance.parquet's rows, when asked for
+    drift: pd.DataFrame = field(default_factory=pd.DataFrame)  # quantisation drift verdicts (harness.run.drift)
 
 
 def plan_engines(scenario: LoadedScenario, run_dir: Path, prompt_ids: dict[str, list[int]]) -> list[EnginePlan]:
@@ -125,7 +126,8 @@ def execute(scenario: LoadedScenario, out_root: Path, selection: Selection, para
     started = time.perf_counter()
     prepare_s = started - prepare_started
     threads_needed = max(p.threads for p in plans)
-    outcomes, interrupted = run_engines(plans, parallel or max(1, (os.cpu_count() or 1) // threads_needed), progress)
+    workers = parallel or max(1, (os.cpu_count() or 1) // threads_needed)
+    outcomes, interrupted = run_engines(plans, workers, progress)
     wall = time.perf_counter() - started
     write_started = time.perf_counter()
 
@@ -150,19 +152,21 @@ def execute(scenario: LoadedScenario, out_root: Path, selection: Selection, para
     if not knob_rows.empty:
         write_parquet(run_dir / "invariance.parquet", knob_rows)
     warnings = {n: sorted({w for r in ordered if r.engine == n for w in r.warnings}) for n in names}
-    all_expected = (verdicts.empty or bool(verdicts["expected"].all())) and \
-        (knob_rows.empty or bool(knob_rows["expected"].all()))  # no verdicts: only the reference ran
+    drifts = pd.DataFrame() if interrupted else drift.measure(scenario, run_dir, results, workers, progress)
+    all_expected = verdicts.empty or bool(verdicts["expected"].all())  # no verdicts: only the reference ran
+    all_expected = all_expected and (drifts.empty or bool(drifts["ok"].all()))
+    all_expected = all_expected and (knob_rows.empty or bool(knob_rows["expected"].all()))
     exit_code = EXIT_INTERRUPTED if interrupted else EXIT_OK if all_expected else EXIT_PARITY
     meta = meta.model_copy(update=dict(
         status="interrupted" if interrupted else "finished", wall_s=wall, exit_code=exit_code,
         engines={p.name: engine_meta(p, outcomes[p.name]) for p in plans}, warnings=warnings,
         effective_differences=effective.run_differences(names, ordered),
         finished=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
-    write_summary(run_dir / "summary.md", meta, verdicts, knob_rows)
+    write_summary(run_dir / "summary.md", meta, verdicts, drifts, knob_rows)
     meta.phases = {"prepare_s": prepare_s, "engines_s": wall, "write_s": time.perf_counter() - write_started}
     write_meta(run_dir, meta)
     return RunOutcome(scenario, run_dir, verdicts, warnings, exit_code, interrupted, meta.effective_differences,
-                      skipped, knob_rows)
+                      skipped, knob_rows, drifts)
 
 
 def _endings(scenario: LoadedScenario, results: list[Result], eos_ids: set[int]) -> dict[tuple[str, str], str]:

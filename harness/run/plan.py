@@ -13,7 +13,9 @@ from harness.errors import ConfigError, EngineUnavailable
 from harness.scenario.spec import LoadedScenario
 from harness.types import EngineSetup, Request, TraceRequest
 
-Op = Literal["generate", "trace"]  # generate: Request -> Result; trace: TraceRequest -> TraceResult
+# generate: Request -> Result; trace: TraceRequest -> TraceResult; score: TraceRequest -> Result (teacher-forced top-k
+# logprobs of the sequence's continuation, from an engine that cannot be traced but can score a given text)
+Op = Literal["generate", "trace", "score"]
 
 
 @dataclass

@@ -40,7 +40,7 @@ class Worker:
                 message = decode(line)
                 if message["op"] == "load" and not self.load(message):
                     return 1
-                if message["op"] in ("generate", "trace"):
+                if message["op"] in ("generate", "trace", "score"):
                     self.run_batch(message["op"], message["requests"])
                 if message["op"] == "close":
                     return 0
@@ -77,10 +77,11 @@ class Worker:
             return False
 
     def run_batch(self, op: str, raw_requests: list[dict[str, Any]]) -> None:
-        """op generate: Request -> Result; op trace: TraceRequest -> TraceResult (engine.trace)."""
+        """op generate: Request -> Result; op trace: TraceRequest -> TraceResult (engine.trace); op score:
+        TraceRequest -> Result (engine.score)."""
         from harness.types import Request, TraceRequest
 
-        requests = [(TraceRequest if op == "trace" else Request).model_validate(r) for r in raw_requests]
+        requests = [(Request if op == "generate" else TraceRequest).model_validate(r) for r in raw_requests]
         done: set[str] = set()
         try:
             params = {r.case_id: r.params for r in requests if op == "generate"}

@@ -78,6 +78,19 @@ class InvarianceSettings(Strict):
         return self
 
 
+class DriftSpec(Strict):
+    """Quantisation drift verdict of this engine against a full-precision baseline engine, with the measures of
+    llama.cpp's `perplexity --kl-divergence` (harness.compare.drift) over each case's text: the baseline's prompt and
+    generated tokens, teacher-forced through both. Thresholds left unset are reported, not checked."""
+
+    against: str | None = None  # the baseline engine (default: the reference); both must give full logits
+    max_mean_kld: float | None = Field(None, gt=0)
+    max_p99_kld: float | None = Field(None, gt=0)
+    min_top1_agreement: float | None = Field(None, ge=0, le=1)
+    max_rms_delta_p: float | None = Field(None, gt=0, le=1)
+    max_ln_ppl_ratio: float | None = Field(None, gt=0)
+
+
 class EngineSpec(Strict):
     engine: str
     reference: bool = False
@@ -90,6 +103,7 @@ class EngineSpec(Strict):
     expect: Expectation | None = None
     timeouts: Timeouts | None = None
     invariance: list[KnobName] | None = None  # this engine's knobs, instead of invariance.knobs
+    drift: DriftSpec | None = None
 
 
 class PromptSpec(Strict):
@@ -173,6 +187,11 @@ class Scenario(Strict):
 
     def engine_timeouts(self, name: str) -> Timeouts:
         return self.engines[name].timeouts or self.timeouts
+
+    def drift_baseline(self, name: str) -> str | None:
+        """The engine a quantised engine's drift is measured against (None: no drift verdict for it)."""
+        drift = self.engines[name].drift
+        return None if drift is None else drift.against or self.reference
 
 
 @dataclass
@@ -274,12 +293,32 @@ def _check_engines(source: YamlSource, spec: Scenario) -> None:
             raise source.error(("engines", name, "engine"), exc.message) from None
         except ValidationError as exc:
             raise _format_pydantic_error(source, exc, ("engines", name, "options")) from None
+        _check_drift(source, spec, name)
         problem = description.dtype_problem(spec.engine_dtype(name), engine.options)
         if problem:
             where = ("engines", name, "dtype") if engine.dtype else ("dtype",) if "dtype" in source.data \
                 else ("engines", name)
             raise source.error(where, f"{problem}: give engine {name} a dtype it supports "
                                       f"(engines.{name}.dtype: {description.capabilities.dtypes[0]})")
+
+
+def _check_drift(source: YamlSource, spec: Scenario, name: str) -> None:
+    """A drift verdict needs a baseline that is another engine of the scenario, and full logits from both."""
+    from adapters import registry
+
+    baseline = spec.drift_baseline(name)
+    if baseline is None:
+        return
+    where = ("engines", name, "drift", "against")
+    if baseline not in spec.engines or baseline == name:
+        raise source.error(where, f"drift baseline '{baseline}' must be another engine of this scenario "
+                                  f"({', '.join(n for n in spec.engines if n != name)})")
+    for engine in (name, baseline):
+        kind = spec.engines[engine].engine
+        if not registry.describe(kind).capabilities.traces:
+            raise source.error(where if engine == baseline else ("engines", name, "drift"),
+                               f"engine {engine} ({kind}) cannot give full logits over a text, which a drift verdict "
+                               "needs: measure drift between engines that can be traced")
 
 
 def _grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:

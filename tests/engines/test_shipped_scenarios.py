@@ -79,3 +79,13 @@ def test_penalty_semantics_names_the_difference(penalties: ParityRun) -> None:
     assert all("presence_penalty: unset vs 1.2" in text for text in presence.explanation)
     assert "lmdeploy" not in set(penalties.verdicts.engine)
     assert "skipped: engine lmdeploy needs a CUDA GPU" in (penalties.run_dir / "summary.md").read_text()
+
+
+def test_penalty_semantics_names_llama_cpps_penalty_window(penalties: ParityRun) -> None:
+    """llama.cpp's repetition_penalty 1.2 is HF's formula over the last 64 generated tokens only: the verdicts say
+    so from its effective params, and the own-top-1 check says the tokens were picked after the logits."""
+    llama = penalties.verdicts.set_index(["engine", "case_id"]).loc["llama.cpp"]
+    assert set(llama.verdict) == {"diverged"}
+    for text in llama.explanation:
+        assert "repetition_scope: hf prompt and output tokens, llama.cpp the last 64 generated tokens" in text
+        assert "sampler or penalty semantics, not numerics" in text

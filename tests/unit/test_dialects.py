@@ -17,7 +17,7 @@ def body(params: SamplingParams, dialect: str, endpoint: str = "completions", de
 
 def test_greedy_requests_send_neutral_penalties_where_the_server_default_is_not_neutral() -> None:
     """llama_cpp.server applies repeat_penalty 1.1 when a request leaves it out, in greedy mode too."""
-    sent = body(GREEDY, "llamacpp").native_params
+    sent = body(GREEDY, "llama-cpp-python").native_params
     assert sent["temperature"] == 0.0 and sent["repeat_penalty"] == 1.0 and sent["max_tokens"] == 8
     assert "top_k" not in sent and "top_p" not in sent  # greedy: truncation has no effect, not sent
     # a server whose own default is neutral gets nothing: a default from the model's generation_config.json applies

@@ -15,7 +15,7 @@ from harness.errors import ConfigError
 
 from helpers import ROOT
 
-BUILTIN = {"hf", "vllm", "vllm-server", "openai", "lmdeploy", "lmdeploy-server"}
+BUILTIN = {"hf", "vllm", "vllm-server", "openai", "lmdeploy", "lmdeploy-server", "llama.cpp", "llama.cpp-server"}
 
 
 def test_builtin_descriptions_are_complete() -> None:

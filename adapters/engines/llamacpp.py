@@ -1,0 +1,201 @@
+"""`llama.cpp` engine: llama-cpp-python in the worker process, reading a GGUF variant of the scenario's model.
+
+Generation is llama-cpp-python's own Llama.generate (its sampler chain: penalties over the last `last_n_tokens`
+generated tokens, then greedy, or top-k, typical, top-p, min-p, temperature and a seeded draw), stopped as its
+create_completion stops: at an end-of-generation token (returned, as llama.cpp sampled it), a stop string or
+max_new_tokens. The raw logits of every step come from the library's own score buffer (logits_all), so the top-k
+logprobs are those of the model before any sampler. Teacher forcing evaluates a given token sequence in one batch
+with logits for every position; per-layer traces come from llama.cpp's graph evaluation callback (cb_eval)
+(adapters.tracing.ggml_graph).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field, field_validator
+
+from adapters.contract import Capabilities, EngineDescription, EngineOptions, Requirement, SamplingCode, greedy_ignored
+from adapters.engines import llamacpp_gguf
+from harness.scenario.vocabulary import SamplingParams
+from harness.types import EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
+
+GGML_TYPES = {"f32": 0, "f16": 1}  # ggml_type of the KV cache
+
+
+class Options(EngineOptions):
+    # which GGUF of the scenario's model: f32, f16 (written from the HF folder's weights), q8_0, q4_k_m (llama.cpp's
+    # quantiser on the f32 file), bundled (the GGUF the named model was converted from), or a path to a .gguf file
+    gguf: str = "f32"
+    kv_cache: Literal["f32", "f16"] = "f32"  # KV cache type; f32 keeps attention in f32 (llama.cpp's default: f16)
+    flash_attn: bool = False  # llama-cpp-python's default (off)
+    last_n_tokens: int = Field(64, ge=0)  # the penalties' window of generated tokens (llama-cpp-python's default)
+
+    @field_validator("gguf")
+    @classmethod
+    def _known_variant(cls, value: str) -> str:
+        if value not in llamacpp_gguf.VARIANTS and not value.endswith(".gguf"):
+            raise ValueError(f"gguf: {value!r} is neither a variant ({', '.join(llamacpp_gguf.VARIANTS)}) nor a path "
+                             "to a .gguf file")
+        return value
+
+
+def gguf_file(setup: EngineSetup, options: Options) -> str:
+    """The GGUF file the engine reads, built once from the model folder if it is a variant not yet prepared."""
+    if options.gguf.endswith(".gguf"):
+        if not os.path.exists(options.gguf):
+            raise RuntimeError(f"gguf: {options.gguf} does not exist")
+        return options.gguf
+    return str(llamacpp_gguf.ensure(setup.model_path, options.gguf))
+
+
+def translate(params: SamplingParams, last_n_tokens: int = 64) -> Translation:
+    """Canonical params -> Llama.generate kwargs, with a warning wherever llama.cpp's sampler means something else."""
+    warnings = greedy_ignored(params)
+    native: dict[str, Any] = {
+        "temp": 0.0 if params.greedy else (params.temperature or 1.0),
+        "top_k": params.top_k or 0, "top_p": params.top_p or 1.0, "min_p": params.min_p or 0.0, "typical_p": 1.0,
+        "repeat_penalty": params.repetition_penalty or 1.0, "frequency_penalty": params.frequency_penalty or 0.0,
+        "presence_penalty": params.presence_penalty or 0.0, "max_tokens": params.max_new_tokens,
+        "penalty_last_n": last_n_tokens}
+    window = f"the last {last_n_tokens} generated tokens, never the prompt"
+    if params.repetition_penalty not in (None, 1.0):
+        warnings.append(f"repetition_penalty={params.repetition_penalty}: llama.cpp divides/multiplies the logits "
+                        f"as HF does but counts {window} (HF: every prompt and output token)")
+    for name in ("frequency_penalty", "presence_penalty"):
+        if getattr(params, name):
+            warnings.append(f"{name}={getattr(params, name)}: llama.cpp counts {window} (OpenAI/vLLM: every "
+                            "generated token)")
+    truncated = [n for n in ("top_k", "top_p", "min_p") if getattr(params, n) is not None]
+    if not params.greedy and truncated and (params.temperature or 1.0) != 1.0:
+        warnings.append(f"{', '.join(truncated)} with temperature {params.temperature}: llama.cpp truncates before "
+                        "dividing by the temperature (top-k, top-p and min-p see the untempered distribution), HF "
+                        "after")
+    if params.min_new_tokens:
+        warnings.append(f"min_new_tokens={params.min_new_tokens} NOT APPLIED: llama-cpp-python's generate has none")
+    if params.stop:
+        native["stop"] = list(params.stop)
+    if params.seed is not None:
+        native["seed"] = params.seed
+    if params.ignore_eos:
+        native["ignore_eos"] = True  # generation goes on past an end-of-generation token
+    return Translation(native_params=native, warnings=warnings)
+
+
+GENERATE_KWARGS = ("temp", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "frequency_penalty",
+                   "presence_penalty")
+
+
+class Engine:
+    def __init__(self, setup: EngineSetup):
+        import llama_cpp
+
+        self.name, self.options = setup.name, Options(**setup.options)
+        self.llama_cpp = llama_cpp
+        self.threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
+        self.path = gguf_file(setup, self.options)
+        self.n_ctx = max(512, -(-(setup.max_context or 512) // 256) * 256)
+        self.llm = llama_cpp.Llama(
+            model_path=self.path, n_ctx=self.n_ctx, n_batch=self.n_ctx, n_ubatch=self.n_ctx, n_threads=self.threads,
+            n_threads_batch=self.threads, logits_all=True, flash_attn=self.options.flash_attn,
+            type_k=GGML_TYPES[self.options.kv_cache], type_v=GGML_TYPES[self.options.kv_cache],
+            last_n_tokens_size=self.options.last_n_tokens, verbose=False)
+        self.vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
+        self.workdir = setup.workdir
+        self.tracer = None
+        if setup.trace:  # a second context with the same params (one batch holds a whole sequence) and cb_eval
+            from adapters.tracing.ggml_graph import GraphTracer
+
+            params = type(self.llm.context_params).from_buffer_copy(self.llm.context_params)
+            self.tracer = GraphTracer(llama_cpp, self.llm.model, params)
+
+    def versions(self) -> dict[str, str]:
+        from adapters.http.served import installed_version
+
+        return {"llama-cpp-python": installed_version("llama-cpp-python"), "gguf": os.path.basename(self.path),
+                "weights": self._file_type(), "kv_cache": self.options.kv_cache}
+
+    def _file_type(self) -> str:
+        """llama.cpp's own description of the loaded model (architecture, size, weight type)."""
+        import ctypes
+
+        buffer = ctypes.create_string_buffer(128)
+        self.llama_cpp.llama_model_desc(self.llm.model, buffer, len(buffer))
+        return buffer.value.decode(errors="replace")
+
+    def translate(self, params: SamplingParams, top_logprobs: int) -> Translation:
+        return translate(params, self.options.last_n_tokens)
+
+    def generate(self, requests: list[Request]) -> Iterator[Result]:
+        for request in requests:
+            yield self._generate_one(request)
+
+    def _generate_one(self, request: Request) -> Result:
+        translation = self.translate(request.params, request.top_logprobs)
+        native = translation.native_params
+        llm = self.llm
+        llm.reset()  # a fresh evaluation of every prompt: no KV-cache prefix reuse between cases
+        if "seed" in native:
+            llm.set_seed(native["seed"])
+        kwargs = {k: native[k] for k in GENERATE_KWARGS}
+        tokens: list[int] = []
+        finish = "length"
+        started = time.perf_counter()
+        for token in llm.generate(request.prompt_ids, **kwargs):
+            tokens.append(int(token))
+            if not native.get("ignore_eos") and self.llama_cpp.llama_vocab_is_eog(self.vocab, token):
+                finish = "stop"
+                break
+            if native.get("stop") and any(s in self._text(tokens) for s in native["stop"]):
+                finish = "stop"
+                break
+            if len(tokens) >= native["max_tokens"]:
+                break
+        elapsed = time.perf_counter() - started
+        first = len(request.prompt_ids) - 1  # the row of the scores buffer that predicts the first new token
+        logprobs = log_softmax(np.asarray(llm.scores[first:first + len(tokens)], dtype=np.float64))
+        k = request.top_logprobs
+        top = np.argsort(-logprobs, axis=-1, kind="stable")[:, :k]
+        rows = np.arange(len(tokens))
+        return Result(case_id=request.case_id, engine=self.name, status="ok", prompt_ids=request.prompt_ids,
+                      token_ids=tokens, text=self._text(tokens), finish_reason=finish,
+                      chosen_logprobs=logprobs[rows, tokens].tolist(), top_ids=top.tolist(),
+                      top_logprobs=np.take_along_axis(logprobs, top, axis=-1).tolist(),
+                      native_params=native, warnings=translation.warnings, timings={"generate_s": elapsed})
+
+    def _text(self, tokens: list[int]) -> str:
+        return self.llm.detokenize(tokens).decode("utf-8", errors="replace")
+
+    def trace(self, requests: list[TraceRequest]) -> Iterator[TraceResult]:
+        """Teacher forcing: each sequence evaluated in one batch, logits at every position, capture points through
+        the evaluation callback."""
+        from adapters.tracing.ggml_graph import run_graph_traces
+
+        yield from run_graph_traces(self.name, self.tracer, requests, self.workdir,
+                                    {"engine": DESCRIPTION.name, "dtype": "float32", "weights": self._file_type()})
+
+    def close(self) -> None:
+        if self.tracer is not None:
+            self.tracer.close()
+        if getattr(self, "llm", None) is not None:
+            self.llm.close()
+            self.llm = None
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+DESCRIPTION = EngineDescription(
+    name="llama.cpp", summary="llama.cpp through llama-cpp-python in the worker, on a GGUF of the scenario's model",
+    engine=Engine, options=Options,
+    requirement=Requirement(module="llama_cpp", distribution="llama-cpp-python", extra="llamacpp"),
+    capabilities=Capabilities(traces=True, dtypes=("float32",)),
+    sampling=lambda options: SamplingCode("adapters.sampling.llamacpp", {
+        "mode": "library", "last_n_tokens": options.last_n_tokens, "gguf": options.gguf}),
+    prepare=llamacpp_gguf.prepare)

@@ -1,0 +1,123 @@
+"""`llama.cpp-server` engine: llama-cpp-python's OpenAI-compatible server (`python -m llama_cpp.server`, from the same
+build as the `llama.cpp` engine) started by the harness on 127.0.0.1 on a GGUF variant of the scenario's model, or
+attached by url; spoken to in the llama-cpp-python dialect (text prompts, token text mapped back to ids, special
+tokens written as '', its repeat_penalty 1.1 default neutralised), checked against the live server's request schema
+when the engine connects."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from adapters.contract import Capabilities, EngineDescription, Requirement, SamplingCode
+from adapters.engines.llamacpp import GGML_TYPES, gguf_file
+from adapters.engines.llamacpp import Options as LibraryOptions
+from adapters.http.client import RequestFailed
+from adapters.http.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
+from adapters.http.token_ids import TokenResolver
+from harness.types import EngineSetup, Result, TraceRequest
+
+DIALECT = "llama-cpp-python"
+SCORE_TOP_K = 5
+
+
+class Options(ServedOptions):
+    _endpoint = endpoint_checked(DIALECT)
+    gguf: str = "f32"  # as for the llama.cpp engine: f32, f16, q8_0, q4_k_m, bundled or a path to a .gguf file
+    kv_cache: Literal["f32", "f16"] = "f32"
+    last_n_tokens: int = Field(64, ge=0)  # the penalties' window (--last_n_tokens_size)
+    startup_timeout: float = Field(300, gt=0)
+
+    _gguf = field_validator("gguf")(LibraryOptions._known_variant.__func__)
+
+
+def echo_positions(token_ids: list[int], bos: int | None) -> list[tuple[int, bool]]:
+    """Which position's distribution each entry of llama-cpp-python's echoed logprobs holds, and whether the leading
+    BOS was stripped (0.3.36, Llama._create_completion): it drops a leading BOS, skips every other BOS token, and
+    gives the entry of the i-th remaining token the logits of row i. With the BOS stripped, row i is the position
+    before that token (entries are aligned); without it, row i is the token's own position, so each entry carries
+    the distribution of the next token. Either way entry -> position i; returns (position, stripped) per entry."""
+    stripped = bool(token_ids) and token_ids[0] == bos
+    rest = token_ids[1:] if stripped else token_ids
+    return [(i, stripped) for i, token in enumerate(rest) if token != bos]
+
+
+def command(setup: EngineSetup, port: int, options: Options, gguf: str, threads: int) -> list[str]:
+    n_ctx = max(512, -(-(setup.max_context or 512) // 256) * 256)
+    kv = str(GGML_TYPES[options.kv_cache])
+    return [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1", "--port", str(port),
+            "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx),
+            "--n_batch", str(n_ctx), "--logits_all", "true", "--type_k", kv, "--type_v", kv,
+            "--last_n_tokens_size", str(options.last_n_tokens), *options.extra_args]
+
+
+class Engine(ServedEngine):
+    Options = Options
+    DIALECT = DIALECT
+
+    def score(self, requests: list[TraceRequest]) -> Iterator[Result]:
+        """Teacher forcing through the server's echo: the sequence's text sent as the prompt with echo and logprobs
+        (one token generated, then dropped); its top-k logprobs at the positions that predict the continuation."""
+        for request in requests:
+            yield self._score_one(request)
+
+    def _score_one(self, request: TraceRequest) -> Result:
+        body = {"model": self.model, "prompt": self.tokenizer.decode(request.token_ids), "max_tokens": 1,
+                "echo": True, "logprobs": SCORE_TOP_K, "temperature": 0.0, "repeat_penalty": 1.0}
+        try:
+            completion = self.client.complete(body)
+        except RequestFailed as exc:
+            return Result.engine_error(request.case_id, self.name, f"engine error: {exc}")
+        resolver = TokenResolver(self.token_table, self.empty_token_id)
+        echoed = echo_positions(request.token_ids, self.tokenizer.bos_token_id)
+        got = [resolver.resolve(step.token) for step in completion.steps[: len(echoed)]]
+        wanted = [request.token_ids[p + 1] if stripped else request.token_ids[p] for p, stripped in echoed]
+        if got != wanted:
+            first = next((i for i, (a, b) in enumerate(zip(got, wanted)) if a != b), min(len(got), len(wanted)))
+            return Result.engine_error(request.case_id, self.name, (
+                f"engine error: the server tokenised the sequence's text differently from the harness (echoed token "
+                f"{first} is {got[first] if first < len(got) else 'missing'}, expected {wanted[first]}): no "
+                "teacher-forced logprobs"))
+        tops = {p: dict((resolver.resolve(t), lp) for t, lp in step.top) for (p, _), step in zip(echoed,
+                                                                                              completion.steps)}
+        tokens = request.token_ids
+        positions = range(request.prompt_len - 1, len(tokens) - 1)
+        ranked = [sorted(((t, lp) for t, lp in tops.get(p, {}).items() if t is not None), key=lambda kv: -kv[1])
+                  [:SCORE_TOP_K] for p in positions]
+        warnings = ["teacher-forced top-k logprobs from the server's echo (prompt logprobs)"]
+        if not echoed or not echoed[0][1]:
+            warnings.append("llama-cpp-python pairs echoed tokens with the next position's logprobs when the prompt "
+                            "does not start with BOS; the top-k lists are realigned by position")
+        return Result(case_id=request.case_id, engine=self.name, status="ok", prompt_ids=tokens[: request.prompt_len],
+                      token_ids=tokens[request.prompt_len:], finish_reason="forced",
+                      chosen_logprobs=[tops.get(p, {}).get(tokens[p + 1], float("nan")) for p in positions],
+                      top_ids=[[t for t, _ in r] for r in ranked], top_logprobs=[[lp for _, lp in r] for r in ranked],
+                      native_params={k: v for k, v in body.items() if k != "prompt"},
+                      warnings=warnings + resolver.warnings())
+
+    def launch(self, setup: EngineSetup, port: int) -> Launch:
+        self.gguf = gguf_file(setup, self.options)
+        threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
+        return Launch(command(setup, port, self.options, self.gguf, threads), dict(os.environ),
+                      health_path="/v1/models")
+
+    def versions(self) -> dict[str, str]:
+        info = {**super().versions(), "llama-cpp-python": installed_version("llama-cpp-python")}
+        if not self.options.url:
+            info["gguf"] = os.path.basename(self.gguf)
+        return info
+
+
+DESCRIPTION = EngineDescription(
+    name="llama.cpp-server", engine=Engine, options=Options,
+    summary="llama-cpp-python's OpenAI server (python -m llama_cpp.server) started on 127.0.0.1, or attached by url",
+    requirement=Requirement(module="llama_cpp", distribution="llama-cpp-python", extra="llamacpp"),
+    capabilities=Capabilities(server=True, scores=True, dtypes=("float32",)),
+    sampling=lambda options: SamplingCode("adapters.sampling.llamacpp", {
+        "mode": "server", "defaults": options.defaults, "last_n_tokens": options.last_n_tokens,
+        "gguf": None if options.url else options.gguf}),
+    dialect=lambda options: DIALECT)

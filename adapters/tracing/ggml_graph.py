@@ -1,0 +1,217 @@
+"""Per-layer traces of llama.cpp through its graph evaluation callback (cb_eval in the context params).
+
+llama.cpp names the tensors of its compute graph (src/models/<arch>.cpp: `cb(cur, "attn_norm", il)` names a layer's
+tensor `attn_norm-<il>`). The scheduler asks the callback, node by node, whether it wants a tensor (ask=true), and
+hands over each wanted one once computed (ask=false). A graph map says which named tensor, computed by which op, is
+which canonical capture point (harness.explain.points); the same name can label several nodes (Qcur-0 is the
+projection, then its reshape, then its rope), so the op tells them apart and views are never taken.
+
+llama.cpp's GGUF converter permutes the q and k projections of a Llama so that its rope rotates adjacent pairs;
+q, k and their roped versions are put back in HF's head layout (adapters.engines.llamacpp_gguf.hf_layout), so the
+trace compares with HF's position by position. An architecture without a map is refused with the reason.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from adapters.engines.llamacpp_gguf import hf_layout
+from adapters.tracing.capture import trace_path
+from adapters.tracing.writer import TraceWriter
+from harness.explain.points import layer_point
+from harness.types import TraceRequest, TraceResult
+
+VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"})  # no computation: never a capture point
+GGML_F32, GGML_F16 = 0, 1
+
+
+@dataclass(frozen=True)
+class GraphMap:
+    """Per-layer tensor names (llama.cpp's `name-<layer>`) and whole-model ones -> canonical points. A name maps to
+    one point per op: {"Qcur": {"ROPE": "q_rope", "": "q"}} ("" is any op that is not a view)."""
+
+    name: str
+    per_layer: dict[str, dict[str, str]]
+    whole: dict[str, str]
+    head_layout: dict[str, str]  # point -> "q" or "kv": permuted by llama.cpp's converter, restored per head
+
+    def point(self, tensor_name: str, op: str) -> str | None:
+        if op in VIEW_OPS:
+            return None
+        if tensor_name in self.whole:
+            return self.whole[tensor_name]
+        base, _, layer = tensor_name.rpartition("-")
+        by_op = self.per_layer.get(base)
+        if by_op is None or not layer.isdigit():
+            return None
+        point = by_op.get(op, by_op.get(""))
+        return layer_point(int(layer), point) if point else None
+
+
+# src/models/llama.cpp (llama-cpp-python 0.3.36's vendored llama.cpp); logits are read from the context, not here
+GGML_LLAMA = GraphMap(
+    "ggml-llama",
+    per_layer={"attn_norm": {"": "input_norm"}, "Qcur": {"ROPE": "q_rope", "": "q"},
+               "Kcur": {"ROPE": "k_rope", "": "k"}, "Vcur": {"": "v"}, "kqv_out": {"": "attn"},
+               "attn_out": {"": "o_proj"}, "ffn_norm": {"": "post_norm"}, "ffn_gate": {"": "gate"},
+               "ffn_up": {"": "up"}, "ffn_out": {"": "mlp"}, "l_out": {"": "residual"}},
+    whole={"embd": "embeddings", "inp_embd": "embeddings", "result_norm": "final_norm"},
+    head_layout={"q": "q", "q_rope": "q", "k": "kv", "k_rope": "kv"},
+)
+GRAPH_MAPS = {"llama": GGML_LLAMA}  # general.architecture of the GGUF -> its graph map
+
+
+class _Tensor(ctypes.Structure):
+    """struct ggml_tensor (ggml/include/ggml.h; GGML_MAX_DIMS 4, GGML_MAX_OP_PARAMS 64, GGML_MAX_SRC 10,
+    GGML_MAX_NAME 64). Checked against ggml's own accessors on every tensor read."""
+
+    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4),
+                ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16),
+                ("flags", ctypes.c_int32), ("src", ctypes.c_void_p * 10), ("view_src", ctypes.c_void_p),
+                ("view_offs", ctypes.c_size_t), ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64),
+                ("extra", ctypes.c_void_p), ("padding", ctypes.c_char * 8)]
+
+
+def _ggml() -> Any:
+    import llama_cpp._ggml as ggml
+
+    lib = ggml.libggml
+    for name, restype, argtypes in (
+            ("ggml_get_name", ctypes.c_char_p, [ctypes.c_void_p]), ("ggml_op_desc", ctypes.c_char_p, [ctypes.c_void_p]),
+            ("ggml_nelements", ctypes.c_int64, [ctypes.c_void_p]),
+            ("ggml_is_contiguous", ctypes.c_bool, [ctypes.c_void_p]),
+            ("ggml_backend_tensor_get", None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t])):
+        function = getattr(lib, name)
+        function.restype, function.argtypes = restype, argtypes
+    return lib
+
+
+def architecture(llama_cpp: Any, model: Any) -> str:
+    """general.architecture of the loaded GGUF."""
+    buffer = ctypes.create_string_buffer(64)
+    llama_cpp.llama_model_meta_val_str(model, b"general.architecture", buffer, len(buffer))
+    return buffer.value.decode()
+
+
+class GraphTracer:
+    """A second llama.cpp context on the engine's loaded model with the evaluation callback installed. One call
+    evaluates a whole sequence (one batch, logits at every position) and streams the captured points to a
+    TraceWriter in the order llama.cpp computes them."""
+
+    def __init__(self, llama_cpp: Any, model: Any, context_params: Any):
+        self.llama_cpp, self.model = llama_cpp, model
+        arch = architecture(llama_cpp, model)
+        self.map = GRAPH_MAPS.get(arch)
+        self.unavailable = "" if self.map else (
+            f"llama.cpp trace: no graph map for architecture '{arch}' (known: {', '.join(GRAPH_MAPS)}): its tensor "
+            "names are not mapped to capture points")
+        self.heads = {"q": llama_cpp.llama_model_n_head(model), "kv": llama_cpp.llama_model_n_head_kv(model)}
+        self.ggml = _ggml()
+        self.wanted: set[str] | None = None
+        self.writer: Any = None
+        self.done: set[str] = set()
+        self.positions = 0
+        self.error = ""
+        self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_tensor)  # kept alive with the tracer
+        context_params.cb_eval = self.callback
+        context_params.cb_eval_user_data = None
+        self.ctx = llama_cpp.llama_init_from_model(model, context_params)
+        if not self.ctx:
+            raise RuntimeError("llama.cpp trace: could not create the traced context")
+
+    def _point(self, tensor: int) -> str | None:
+        if self.map is None:
+            return None
+        point = self.map.point(self.ggml.ggml_get_name(tensor).decode(), self.ggml.ggml_op_desc(tensor).decode())
+        if point is None or point in self.done or (self.wanted is not None and point not in self.wanted):
+            return None
+        return point
+
+    def _on_tensor(self, tensor: int, ask: bool, _user_data: Any) -> bool:
+        try:
+            point = self._point(tensor)
+            if ask or point is None:
+                return point is not None
+            self.done.add(point)
+            self.writer.add(point, self._read(tensor, point))
+        except Exception as exc:  # an exception must not cross the C callback: abort the evaluation instead
+            self.error = f"{type(exc).__name__}: {exc}"
+            return False
+        return True
+
+    def _read(self, tensor: int, point: str) -> Any:
+        import torch
+
+        struct = _Tensor.from_address(tensor)
+        n = int(self.ggml.ggml_nelements(tensor))
+        if struct.name.decode() != self.ggml.ggml_get_name(tensor).decode() or int(np.prod(struct.ne)) != n:
+            raise RuntimeError("the ggml_tensor layout of this llama.cpp build is not the one this reader knows")
+        if not self.ggml.ggml_is_contiguous(tensor) or struct.type not in (GGML_F32, GGML_F16):
+            raise RuntimeError(f"{point}: a tensor of ggml type {struct.type} (contiguous: "
+                               f"{self.ggml.ggml_is_contiguous(tensor)}) cannot be read")
+        out = np.empty(n, dtype=np.float32 if struct.type == GGML_F32 else np.float16)
+        self.ggml.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, out.nbytes)
+        rows = out.astype(np.float32).reshape(self.positions, -1)  # the token axis is ggml's outermost
+        layout = self.map.head_layout.get(point.rsplit(".", 1)[-1])
+        if layout:
+            rows = hf_layout(rows, self.heads[layout])
+        return torch.from_numpy(np.ascontiguousarray(rows))
+
+    def run(self, token_ids: list[int], points: list[str] | None, writer: Any) -> None:
+        """Evaluate the sequence, streaming the wanted points (every point when None) and the logits to writer."""
+        import torch
+
+        if self.unavailable and (points is None or set(points) - {"logits"}):
+            raise RuntimeError(self.unavailable)
+        lc = self.llama_cpp
+        lc.llama_memory_clear(lc.llama_get_memory(self.ctx), True)
+        self.writer, self.done, self.positions, self.error = writer, set(), len(token_ids), ""
+        self.wanted = set(points) if points is not None else None
+        batch = lc.llama_batch_init(len(token_ids), 0, 1)
+        try:
+            for i, token in enumerate(token_ids):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, i, 1, 1
+                batch.seq_id[i][0] = 0
+            batch.n_tokens = len(token_ids)
+            status = lc.llama_decode(self.ctx, batch)
+        finally:
+            lc.llama_batch_free(batch)
+            self.writer = None
+        if self.error or status != 0:
+            raise RuntimeError(f"llama.cpp trace: {self.error or f'llama_decode returned {status}'}")
+        if points is None or "logits" in points:
+            vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
+            logits = np.ctypeslib.as_array(lc.llama_get_logits(self.ctx), shape=(len(token_ids) * vocab,))
+            writer.add("logits", torch.from_numpy(logits.reshape(len(token_ids), vocab).copy()))
+
+    def close(self) -> None:
+        if self.ctx:
+            self.llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+
+
+def run_graph_traces(engine_name: str, tracer: GraphTracer, requests: list[TraceRequest], workdir: Path,
+                     metadata: dict[str, str]) -> Iterator[TraceResult]:
+    """One teacher-forced evaluation per request, its points streamed to workdir/traces/<case>.safetensors."""
+    import torch
+
+    for request in requests:
+        path = trace_path(workdir, request.case_id)
+        writer = TraceWriter(path, torch.float32)
+        started = time.perf_counter()
+        try:
+            tracer.run(request.token_ids, request.points, writer)
+        except BaseException:
+            writer.discard()
+            raise
+        points = writer.close({**metadata, "arch": tracer.map.name if tracer.map else "", "fused": "",
+                               "case_id": request.case_id, "prompt_len": str(request.prompt_len)})
+        yield TraceResult(case_id=request.case_id, engine=engine_name, status="ok", path=str(path), points=points,
+                          nonfinite=writer.nonfinite, timings={"trace_s": time.perf_counter() - started})
