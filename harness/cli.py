@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from harness.errors import EXIT_INTERRUPTED, ParityError
+from harness.errors import EXIT_INTERRUPTED, ConfigError, ParityError
 from harness.report.console import console, err_console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -75,12 +75,25 @@ def validate(scenarios: ScenarioPaths) -> None:
 
 @app.command()
 @cli_errors
-def run(scenarios: ScenarioPaths, engines: Engines = None, out: Out = Path("reports"), parallel: Parallel = None,
-        allow_missing: AllowMissing = False) -> None:
+def run(scenarios: Annotated[list[Path] | None, typer.Argument(help="scenario YAML file(s)",
+                                                                show_default=False)] = None,
+        engines: Engines = None, out: Out = Path("reports"), parallel: Parallel = None,
+        allow_missing: AllowMissing = False,
+        resume: Annotated[Path | None, typer.Option(
+            help="continue an interrupted run in its directory (reports/<run-id>) with the scenario, engines and cases "
+                 "it started with: journaled results are reused, engine errors and missing cases run again")] = None
+        ) -> None:
     """Run scenario(s) through their engines and print a verdict table per scenario."""
-    from harness.commands import run_and_print
+    from harness.commands import resume_and_print, run_and_print
     from harness.scenario.spec import load
 
+    if resume is not None:
+        if scenarios or engines or allow_missing:
+            raise ConfigError("--resume continues a run with the scenario and engines it started with: drop the "
+                              "scenario files, --engines and --allow-missing")
+        raise typer.Exit(resume_and_print(resume, parallel).exit_code)
+    if not scenarios:
+        raise ConfigError("nothing to run: give scenario file(s), or --resume RUN_DIR")
     loaded = [load(path) for path in scenarios]  # every file is validated before any engine starts
     codes = [run_and_print(s, out, selection(engines, allow_missing), parallel).exit_code for s in loaded]
     raise typer.Exit(EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes else max(codes))

@@ -13,9 +13,9 @@ from typing import Any
 
 import pandas as pd
 
-from harness.compare.verdicts import COLUMNS
+from harness.compare.verdicts import COLUMNS, VERDICT_TYPES
 from harness.errors import ConfigError
-from harness.run.store import RESULT_COLUMNS, STEP_COLUMNS, read_meta, read_parquet, write_atomic
+from harness.run.store import RESULT_TYPES, STEP_TYPES, read_meta, read_parquet, write_atomic
 
 
 def _round(values) -> list[float]:
@@ -27,9 +27,9 @@ def records_from_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]
     meta = read_meta(run_dir)
     if meta.status != "finished":
         raise ConfigError(f"{run_dir}: the run is {meta.status}: save a baseline from a finished run")
-    results = read_parquet(run_dir, "results.parquet", RESULT_COLUMNS)
-    steps = read_parquet(run_dir, "steps.parquet", STEP_COLUMNS)
-    verdicts = read_parquet(run_dir, "verdicts.parquet", COLUMNS, required=False)
+    results = read_parquet(run_dir, "results.parquet", RESULT_TYPES)
+    steps = read_parquet(run_dir, "steps.parquet", STEP_TYPES)
+    verdicts = read_parquet(run_dir, "verdicts.parquet", VERDICT_TYPES, required=False)
     verdicts = (verdicts if verdicts is not None else pd.DataFrame(columns=COLUMNS)).set_index(["engine", "case_id"])
     per_case = {key: group for key, group in steps.groupby(["engine", "case_id"], sort=False)}
     records = []

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.compare.verdicts import COLUMNS
-from harness.run.store import RESULT_COLUMNS, STEP_COLUMNS, RunMeta, read_meta, read_parquet, write_atomic
+from harness.compare.verdicts import VERDICT_TYPES
+from harness.run.store import RESULT_TYPES, STEP_TYPES, RunMeta, read_meta, read_parquet, write_atomic
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
@@ -221,9 +221,9 @@ def _transplant_section(run_dir: Path) -> str:
 
 def build(run_dir: Path) -> str:
     meta = read_meta(run_dir)
-    results = read_parquet(run_dir, "results.parquet", RESULT_COLUMNS)
-    steps = read_parquet(run_dir, "steps.parquet", STEP_COLUMNS)
-    verdicts = read_parquet(run_dir, "verdicts.parquet", COLUMNS, required=False)
+    results = read_parquet(run_dir, "results.parquet", RESULT_TYPES)
+    steps = read_parquet(run_dir, "steps.parquet", STEP_TYPES)
+    verdicts = read_parquet(run_dir, "verdicts.parquet", VERDICT_TYPES, required=False)
     verdicts = verdicts if verdicts is not None else pd.DataFrame()
     decode = _decoder(meta)
     reference = meta.reference

@@ -241,9 +241,10 @@ def _grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(keys, values, strict=False)) for values in itertools.product(*(grid[k] for k in keys))]
 
 
-def load(path: str | Path) -> LoadedScenario:
-    """Read, validate and expand a scenario file. Raises ConfigError with file:line and key path."""
-    source = YamlSource(Path(path))
+def load(path: str | Path, text: str | None = None) -> LoadedScenario:
+    """Read, validate and expand a scenario file (text: its content, when already known). Raises ConfigError with
+    file:line and key path."""
+    source = YamlSource(Path(path), text)
     if not isinstance(source.data, dict):
         raise source.error((), "a scenario file must be a mapping with model, engines, prompts")
     try:

@@ -12,12 +12,11 @@ from harness.errors import ConfigError
 
 
 class YamlSource:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, text: str | None = None):
+        """text: the file's content when it is already known (a resumed run's recorded scenario)."""
         self.path = path
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read scenario file ({exc.strerror}): check the path") from None
+        if text is None:
+            text = _read(path)
         try:
             self.root = yaml.compose(text, Loader=yaml.SafeLoader)
             self.data = yaml.safe_load(text)
@@ -50,3 +49,10 @@ class YamlSource:
         where = f"{self.path}:{line}" if line else str(self.path)
         path = ".".join(str(p) for p in loc)
         return ConfigError(f"{where}: {path}: {message}" if path else f"{where}: {message}")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read scenario file ({exc.strerror}): check the path") from None
