@@ -18,7 +18,9 @@ from harness.report.console import console, err_console
 
 
 def _error(message: str) -> None:
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    """One line, whatever the message quotes (a scenario's value may hold newlines or terminal control codes)."""
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in " ".join(message.split()))
+    err_console.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
 
 
 class OneLineErrors(TyperGroup):
@@ -41,7 +43,7 @@ class OneLineErrors(TyperGroup):
         except click_errors.ClickException as exc:
             _error(" ".join(exc.format_message().split()))
             sys.exit(exc.exit_code)
-        except click_errors.Abort:
+        except typer.Abort:
             err_console.print("interrupted")
             sys.exit(EXIT_INTERRUPTED)
         sys.exit(code if isinstance(code, int) else 0)

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +78,7 @@ class InProcess:
     code: int
     stdout: str
     stderr: str
+    traceback: str  # of an exception that escaped the command ("" when none did)
 
 
 def parity_in_process(*args: str) -> InProcess:
@@ -86,4 +88,6 @@ def parity_in_process(*args: str) -> InProcess:
     from harness.cli import app
 
     result = CliRunner().invoke(app, list(args))
-    return InProcess(result.exit_code, result.stdout, result.stderr)
+    escaped = result.exc_info if result.exception and not isinstance(result.exception, SystemExit) else None
+    return InProcess(result.exit_code, result.stdout, result.stderr,
+                     "".join(traceback.format_exception(*escaped)) if escaped else "")

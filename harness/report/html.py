@@ -11,9 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
+from pydantic import BaseModel, Field
 
 from harness.compare.verdicts import VERDICT_TYPES
-from harness.run.store import RESULT_TYPES, STEP_TYPES, RunMeta, read_meta, read_parquet, write_atomic
+from harness.run.store import RESULT_TYPES, STEP_TYPES, RunMeta, read_json, read_meta, read_parquet, write_atomic
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
@@ -186,36 +187,66 @@ def _effective_table(results: pd.DataFrame) -> str:
     return "\n".join(rows) + "</table>" + (f"<ul>{notes}</ul>" if notes else "")
 
 
+class _CurvePoint(BaseModel):
+    layer: int
+    error: float
+    floor: float
+
+
+class _Localisation(BaseModel):
+    case_id: str
+    engine: str
+    reference: str
+    cause: str
+    verdict: str
+    curve: list[_CurvePoint] = Field(default_factory=list)
+
+
+class _Explained(BaseModel):
+    """What the report reads of explain/localisation.json (written by `parity explain`)."""
+
+    k: float
+    floor: str
+    localisations: list[_Localisation]
+
+
+class _Transplanted(BaseModel):
+    """What the report reads of each verdict in transplant/verdicts.json (written by `parity transplant`)."""
+
+    case_id: str
+    engine: str
+    cause: str
+    verdict: str
+
+
 def _explain_section(run_dir: Path) -> str:
     """parity explain's localisations, each with the residual-stream error curve against the noise floor."""
-    path = run_dir / "explain" / "localisation.json"
-    if not path.exists():
+    data = read_json(run_dir, "explain/localisation.json", _Explained)
+    if data is None:
         return ""
-    data = json.loads(path.read_text())
-    out = [f"<h2 id='explain'>Explain</h2><p>Noise floor: {_e(data['floor'])}; a capture point leaves it when its "
-           f"relative error exceeds {data['k']:g} x the floor. Per point: <code>explain/points.parquet</code>; per "
+    out = [f"<h2 id='explain'>Explain</h2><p>Noise floor: {_e(data.floor)}; a capture point leaves it when its "
+           f"relative error exceeds {data.k:g} x the floor. Per point: <code>explain/points.parquet</code>; per "
            "point and position: <code>explain/errors.parquet</code>.</p>"]
-    for loc in data["localisations"]:
-        out.append(f"<div class='case'><h3>{_e(loc['case_id'])}: {_e(loc['engine'])} vs {_e(loc['reference'])}: "
-                   f"{_e(loc['cause'])}</h3><p>{_e(loc['verdict'])}</p>")
-        curve = loc.get("curve") or []
-        if curve:
-            layers = [c["layer"] for c in curve]
-            out.append(svg_plot({"error": (layers, [c["error"] for c in curve]),
-                                 "noise floor": (layers, [c["floor"] for c in curve])},
+    for loc in data.localisations:
+        out.append(f"<div class='case'><h3>{_e(loc.case_id)}: {_e(loc.engine)} vs {_e(loc.reference)}: "
+                   f"{_e(loc.cause)}</h3><p>{_e(loc.verdict)}</p>")
+        if loc.curve:
+            layers = [c.layer for c in loc.curve]
+            out.append(svg_plot({"error": (layers, [c.error for c in loc.curve]),
+                                 "noise floor": (layers, [c.floor for c in loc.curve])},
                                 "residual stream after each layer: relative error (worst position)", xlabel="layer"))
         out.append("</div>")
     return "".join(out)
 
 
 def _transplant_section(run_dir: Path) -> str:
-    path = run_dir / "transplant" / "verdicts.json"
-    if not path.exists():
+    verdicts = read_json(run_dir, "transplant/verdicts.json", list[_Transplanted])
+    if verdicts is None:
         return ""
     rows = ["<h2 id='transplant'>Sampler transplant</h2><table><tr><th>case</th><th>engine</th><th>cause</th>"
             "<th>verdict</th></tr>"]
-    rows += [f"<tr><td>{_e(v['case_id'])}</td><td>{_e(v['engine'])}</td><td>{_e(v['cause'])}</td>"
-             f"<td>{_e(v['verdict'])}</td></tr>" for v in json.loads(path.read_text())]
+    rows += [f"<tr><td>{_e(v.case_id)}</td><td>{_e(v.engine)}</td><td>{_e(v.cause)}</td>"
+             f"<td>{_e(v.verdict)}</td></tr>" for v in verdicts]
     return "\n".join(rows) + "</table>"
 
 

@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from harness.errors import ConfigError
 from harness.types import Result
@@ -163,6 +163,23 @@ def read_meta(run_dir: Path) -> RunMeta:
         where = ".".join(str(p) for p in first["loc"])
         raise ConfigError(f"{path}: {where}: {first['msg']}: the file was edited or damaged; run the scenario "
                           "again") from None
+
+
+def read_json(run_dir: Path, name: str, shape: Any) -> Any:
+    """A JSON file of a run directory, validated as `shape` (a pydantic model or type); None when it is absent. A
+    truncated or edited file is a ConfigError naming the file and the key."""
+    path = run_dir / name
+    if not path.exists():
+        return None
+    try:
+        return TypeAdapter(shape).validate_json(path.read_bytes())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"{path}: {where + ': ' if where else ''}{first['msg']}: the file was edited or damaged; run "
+                          "the command that wrote it again") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: unreadable ({exc.strerror}): run the command that wrote it again") from None
 
 
 def read_parquet(run_dir: Path, name: str, types: dict[str, str] | None = None,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pandas as pd
 import pytest
 
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.engines
 FLAKY, VICTIM = [1, 450, 2300, 17], [1, 450, 2300, 18]  # token-id prompts: the proxy knows each case by its body
 PROMPTS = [{"id": "flaky", "token_ids": FLAKY}, {"id": "victim", "token_ids": VICTIM},
            {"id": "plain-a", "token_ids": [1, 450, 2300, 19]}, {"id": "plain-b", "token_ids": [1, 9, 10, 11]}]
-REQUEST_TIMEOUT = 3
+REQUEST_TIMEOUT = 10  # seconds; generous for a loaded 2-core machine, where a stall is 3x as long
 
 # fault -> retried?, the reason an unrecovered case names
 FAULTS = {
@@ -49,6 +50,8 @@ def server(tmp_path_factory):
     setup = EngineSetup(name="fixture", model_path=models.resolve("tiny-llama", "float32"), dtype="float32",
                         options={"kv_cache_gib": 0.5}, workdir=tmp_path_factory.mktemp("server"), max_context=512)
     engine = VllmServer(setup)
+    httpx.post(f"{engine.base_url}/completions", json={"model": engine.model, "prompt": [1, 2], "max_tokens": 2},
+               timeout=120).raise_for_status()  # the first request warms the server up; the faults come after
     yield engine.base_url
     engine.close()
 
@@ -71,7 +74,7 @@ def faulted(server, tmp_path_factory):
     proxies = {fault: FaultProxy(upstream(server), fault_rule(fault), stall_s=3 * REQUEST_TIMEOUT)
                for fault in FAULTS}
     engines = "\n".join(
-        f"  {fault}: {{engine: openai, options: {{url: '{proxy.url}', dialect: vllm, concurrency: 2, retries: 2, "
+        f"  fault-{fault}: {{engine: openai, options: {{url: '{proxy.url}', dialect: vllm, concurrency: 2, retries: 2, "
         f"request_timeout: {REQUEST_TIMEOUT}}}, expect: {{tokens: any}}}}" for fault, proxy in proxies.items())
     scenario = (f"model: tiny-llama\nengines:\n  hf: {{engine: hf, reference: true}}\n{engines}\n"
                 f"prompts: {json.dumps(PROMPTS)}\nparams: {{temperature: 0, max_new_tokens: 8, ignore_eos: true}}\n")
@@ -86,8 +89,8 @@ def check_fault(faulted, fault: str) -> None:
     run, proxies = faulted
     assert run.code == 1, run.stdout[-3000:]  # the victims are engine errors
     retried, reason = FAULTS[fault]
-    results = run.results.set_index(["engine", "case_id"]).loc[fault]
-    verdicts = run.verdicts.set_index(["engine", "case_id"]).loc[fault]
+    results = run.results.set_index(["engine", "case_id"]).loc[f"fault-{fault}"]
+    verdicts = run.verdicts.set_index(["engine", "case_id"]).loc[f"fault-{fault}"]
     for case in ("plain-a", "plain-b"):  # untouched cases: kept, and equal to the reference's tokens
         assert results.loc[case].status == "ok" and verdicts.loc[case].verdict == "match"
     victim = results.loc["victim"]
@@ -102,7 +105,7 @@ def check_fault(faulted, fault: str) -> None:
     attempts = {case: sum(s.body["prompt"] == ids for s in sent)
                 for case, ids in (("flaky", FLAKY), ("victim", VICTIM))}
     assert attempts == ({"flaky": 2, "victim": 3} if retried else {"flaky": 1, "victim": 1})
-    log = (run.run_dir / "engines" / fault / "worker.log").read_text()
+    log = (run.run_dir / "engines" / f"fault-{fault}" / "worker.log").read_text()
     assert "Traceback" not in log
 
 
