@@ -56,7 +56,8 @@ def resume_and_print(run_dir: Path, parallel: int | None) -> RunOutcome:
 
 
 def print_outcome(outcome: RunOutcome) -> RunOutcome:
-    from harness.report.summary import print_verdicts
+    from harness.report.summary import exposed_servers, print_verdicts
+    from harness.run.store import read_meta
 
     if not outcome.verdicts.empty:
         print_verdicts(outcome.verdicts, outcome.scenario.spec.reference)
@@ -67,6 +68,8 @@ def print_outcome(outcome: RunOutcome) -> RunOutcome:
         _note("skipped", f"{name}: {reason}")
     for cases, text in outcome.effective_differences:
         _note("effective params differ", f"({', '.join(cases)}): {text}")
+    for note in exposed_servers(read_meta(outcome.run_dir)):
+        _note("exposed", note)
     state = "INTERRUPTED" if outcome.interrupted else "PASS" if outcome.exit_code == 0 else "FAIL"
     resume = f"; continue it with: parity run --resume {outcome.run_dir}" if outcome.interrupted else ""
     console.print(f"{state}: {outcome.scenario.name} (exit {outcome.exit_code}); report: "

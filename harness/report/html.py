@@ -14,6 +14,7 @@ import pandas as pd
 from pydantic import BaseModel, Field
 
 from harness.compare.verdicts import VERDICT_TYPES
+from harness.report.summary import exposed_servers
 from harness.run.store import RESULT_TYPES, STEP_TYPES, RunMeta, read_json, read_meta, read_parquet, write_atomic
 
 STYLE = """
@@ -22,6 +23,7 @@ table{border-collapse:collapse;margin:8px 0 16px}td,th{border:1px solid #ccc;pad
 vertical-align:top;font-size:13px}th{background:#f3f3f3}.match{color:#1a7f37}.benign_tie{color:#9a6700}
 .diverged,.engine_error{color:#cf222e;font-weight:bold}.no{background:#ffebe9}.differs{background:#fff8c5}
 .tokens{font-family:monospace;font-size:12px;line-height:1.9;white-space:pre-wrap}
+.answer{font-family:monospace;font-size:12px;white-space:pre-wrap}.exposed{padding:6px;font-weight:bold}
 .tok{border:1px solid #ddd;border-radius:3px;padding:0 2px;margin:1px}.tok.first{background:#ffcecb;
 border-color:#cf222e}.tok.after{color:#888}.case{border-top:2px solid #ddd;margin-top:18px}
 """
@@ -135,6 +137,9 @@ def _case_section(i: int, v, results: pd.DataFrame, steps: pd.DataFrame, referen
     for name, row in ((reference, ref.iloc[0]), (v.engine, oth.iloc[0])):
         out.append(f"<tr><th>{_e(name)}</th><td class='tokens'>{_token_row(list(row.token_ids), first, decode)}"
                    "</td></tr>")
+    out.append("</table><table class='answers'>")
+    for name, row in ((reference, ref.iloc[0]), (v.engine, oth.iloc[0])):  # engine output: text, always escaped
+        out.append(f"<tr><th>{_e(name)} answer</th><td class='answer'>{_e(row.text)}</td></tr>")
     out.append("</table>")
     if first >= 0:
         out.append(f"<table class='alternatives'><tr><th colspan=2>top-k at step {first}</th></tr><tr>"
@@ -260,7 +265,9 @@ def build(run_dir: Path) -> str:
     reference = meta.reference
     body = [f"<h1>{_e(meta.scenario_name)}</h1><p>run <b>{_e(meta.run_id)}</b>, status "
             f"{_e(meta.status)}, exit code {_e(meta.exit_code)}, reference engine <b>{_e(reference)}</b>, "
-            f"model <code>{_e(meta.model)}</code>, wall {meta.wall_s:.1f} s</p>", "<h2>Verdicts</h2>"]
+            f"model <code>{_e(meta.model)}</code>, wall {meta.wall_s:.1f} s</p>"]
+    body += [f"<p class='exposed no'>{_e(note)}</p>" for note in exposed_servers(meta)]
+    body.append("<h2>Verdicts</h2>")
     body.append(_verdict_table(verdicts) if not verdicts.empty else "<p>No verdicts (interrupted run).</p>")
     body.append("<h2>Cases</h2>")
     body += [_case_section(i, v, results, steps, reference, decode) for i, v in enumerate(verdicts.itertuples())]

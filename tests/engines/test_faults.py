@@ -50,8 +50,10 @@ def server(tmp_path_factory):
     setup = EngineSetup(name="fixture", model_path=models.resolve("tiny-llama", "float32"), dtype="float32",
                         options={"kv_cache_gib": 0.5}, workdir=tmp_path_factory.mktemp("server"), max_context=512)
     engine = VllmServer(setup)
-    httpx.post(f"{engine.base_url}/completions", json={"model": engine.model, "prompt": [1, 2], "max_tokens": 2},
-               timeout=120).raise_for_status()  # the first request warms the server up; the faults come after
+    warm_up = {"model": engine.model, "prompt": [1, 2], "max_tokens": 8, "temperature": 0, "logprobs": 5,
+               "return_tokens_as_token_ids": True, "return_token_ids": True}
+    for _ in range(2):  # the first requests of this shape are slow (the server warms up); the faults come after
+        httpx.post(f"{engine.base_url}/completions", json=warm_up, timeout=300).raise_for_status()
     yield engine.base_url
     engine.close()
 
