@@ -32,7 +32,7 @@ from harness.run.store import EngineMeta, RunMeta, RunSelection, results_frame, 
 from harness.scenario.spec import load
 from harness.types import Result
 
-from helpers import parity_in_process
+from helpers import parity, parity_in_process
 
 EXAMPLES = {"scenario": 40, "raw": 40, "argv": 40, "run_dir": 40, "baseline": 20, "journal": 40}
 NOWHERE = "/nonexistent/python"  # an engine whose interpreter is missing: a run stops at exit 3, nothing starts
@@ -427,3 +427,20 @@ def test_any_journal_bytes_read_without_raising(workdir: Path, data: bytes) -> N
     path.write_bytes(good + data)
     results, _ = read_journal(path)
     assert {"p0", "chat", "ids"} <= set(results)  # the complete lines before the noise all survive
+
+
+def test_real_exit_codes_in_subprocesses(template: Path, workdir: Path) -> None:
+    """A few of the fuzzed kinds through `python -m harness` in a subprocess: the exit code a shell or CI sees."""
+    binary = _scenario_file(workdir, b"\x80\x81 not yaml")
+    truncated = _scenario_file(workdir, VALID_TEXT[:37])
+    valid = _scenario_file(workdir, VALID_TEXT)
+    damaged = workdir / "subprocess" / template.name
+    shutil.copytree(template, damaged)
+    (damaged / "steps.parquet").write_bytes(b"PAR1")
+    for args, code, words in (
+            (["validate", str(binary)], 2, "not UTF-8 text"), (["run", str(truncated)], 2, str(truncated)),
+            (["run", "--bogus"], 2, "No such option"), (["report", str(damaged)], 2, "steps.parquet: unreadable"),
+            (["run", str(valid), "--out", str(workdir / "sub-reports")], 3, NOWHERE)):
+        done = parity(*args)
+        assert done.code == code and words in done.stderr, (args, done.code, done.stderr)
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
