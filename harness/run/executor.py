@@ -81,7 +81,8 @@ class EngineRun:
             phases = message.get("phases", {})
             self.outcome.phases = {"process_start_s": phases.get("main_at", spawned) - spawned,
                                    "imports_s": phases.get("imports_s", 0.0), "load_s": phases.get("load_s", 0.0)}
-        save_engine_info(plan.workdir, self.outcome.info())
+        if plan.op == "generate":  # what a resumed run needs of an engine it does not start again
+            save_engine_info(plan.workdir, self.outcome.info())
         self.progress(plan.name, "ready")
 
     def _run_batch(self, batch: list[Request] | list[TraceRequest]) -> None:

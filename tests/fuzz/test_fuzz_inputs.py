@@ -34,7 +34,7 @@ from harness.types import Result
 
 from helpers import parity, parity_in_process
 
-EXAMPLES = {"scenario": 40, "raw": 40, "argv": 40, "run_dir": 40, "baseline": 20, "journal": 40}
+EXAMPLES = {"scenario": 300, "raw": 200, "argv": 200, "run_dir": 200, "baseline": 100, "journal": 200}
 NOWHERE = "/nonexistent/python"  # an engine whose interpreter is missing: a run stops at exit 3, nothing starts
 OK_CODES = {0, 2, 3}
 
