@@ -4,7 +4,9 @@ Each engine journals its results to engines/<name>/results.jsonl as they arrive,
 its worker (versions, load times, pids) in engines/<name>/engine.json once it is ready. After a Ctrl-C, a SIGKILL of
 the harness, of a worker or of a server, those files are all that is certain. Here they are read back tolerantly:
 a torn last line (the harness killed mid-write) or any line that is not a result of this run is skipped, never
-trusted. Which results are reused and which plans still have work is decided here, whatever executes the plans.
+trusted. Which results are reused and which plans still have work is decided here, whatever executes the plans:
+an executor only has to journal each result as it arrives (one JSON line, flushed) and call save_engine_info when
+a worker is ready, as harness.run.executor does.
 """
 
 from __future__ import annotations
