@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -126,6 +127,7 @@ def test_killed_harness_then_resume_skips_a_torn_line(tmp_path: Path, uninterrup
 
 def test_killed_worker_then_resume_runs_its_case_again(tmp_path: Path, uninterrupted: Path) -> None:
     proc, run_dir = interrupted_run(tmp_path, LONG, "victim", 2)
+    time.sleep(1)  # into the next case: a kill between a result and its batch's end would cost no case
     os.kill(int((run_dir / "engines" / "victim" / "worker.pid").read_text()), signal.SIGKILL)
     proc.communicate(timeout=300)
     assert proc.returncode == 1  # the run went on; the killed worker's case is an engine error
