@@ -4,16 +4,52 @@ engines) are imported inside commands only, so `parity --help` is instant."""
 from __future__ import annotations
 
 import functools
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.markup import escape
+from typer._click import exceptions as click_errors  # typer (pinned) vendors click here
+from typer.core import TyperGroup
 
 from harness.errors import EXIT_INTERRUPTED, ConfigError, ParityError
 from harness.report.console import console, err_console
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+def _error(message: str) -> None:
+    """One line, whatever the message quotes (a scenario's value may hold newlines or terminal control codes)."""
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in " ".join(message.split()))
+    err_console.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
+
+
+class OneLineErrors(TyperGroup):
+    """Usage errors (an unknown option, a missing argument, a value of the wrong type) are one line naming the
+    command and its --help, exit 2, like every other error of the CLI."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click_errors.NoArgsIsHelpError as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click_errors.UsageError as exc:
+            command = exc.ctx.command_path if exc.ctx else "parity"
+            message = " ".join(exc.format_message().split()).rstrip(".")
+            _error(f"{message}: see `{command} --help`")
+            sys.exit(exc.exit_code)
+        except click_errors.ClickException as exc:
+            _error(" ".join(exc.format_message().split()))
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            err_console.print("interrupted")
+            sys.exit(EXIT_INTERRUPTED)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+app = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Differential testing of LLM inference engines. Exit codes: 0 all cases as expected, "
                        "1 a case out of expectation, 2 usage or config error, 3 engine unavailable, 130 interrupted.")
 models_app = typer.Typer(no_args_is_help=True, help="Named models: prepare (convert once) and list.")
@@ -32,7 +68,7 @@ def cli_errors(command):
         try:
             return command(*args, **kwargs)
         except ParityError as exc:
-            err_console.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)
+            _error(exc.message)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             err_console.print("interrupted")
@@ -77,12 +113,25 @@ def validate(scenarios: ScenarioPaths) -> None:
 
 @app.command()
 @cli_errors
-def run(scenarios: ScenarioPaths, engines: Engines = None, out: Out = Path("reports"), parallel: Parallel = None,
-        allow_missing: AllowMissing = False) -> None:
+def run(scenarios: Annotated[list[Path] | None, typer.Argument(help="scenario YAML file(s)",
+                                                                show_default=False)] = None,
+        engines: Engines = None, out: Out = Path("reports"), parallel: Parallel = None,
+        allow_missing: AllowMissing = False,
+        resume: Annotated[Path | None, typer.Option(
+            help="continue an interrupted run in its directory (reports/<run-id>) with the scenario, engines and cases "
+                 "it started with: journaled results are reused, engine errors and missing cases run again")] = None
+        ) -> None:
     """Run scenario(s) through their engines and print a verdict table per scenario."""
-    from harness.commands import run_and_print
+    from harness.commands import resume_and_print, run_and_print
     from harness.scenario.spec import load
 
+    if resume is not None:
+        if scenarios or engines or allow_missing:
+            raise ConfigError("--resume continues a run with the scenario and engines it started with: drop the "
+                              "scenario files, --engines and --allow-missing")
+        raise typer.Exit(resume_and_print(resume, parallel).exit_code)
+    if not scenarios:
+        raise ConfigError("nothing to run: give scenario file(s), or --resume RUN_DIR")
     loaded = [load(path) for path in scenarios]  # every file is validated before any engine starts
     codes = [run_and_print(s, out, selection(engines, allow_missing), parallel).exit_code for s in loaded]
     raise typer.Exit(EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes else max(codes))

@@ -22,8 +22,6 @@ def _note(kind: str, text: str) -> None:
 
 
 def run_and_print(scenario: LoadedScenario, out: Path, selection: Selection, parallel: int | None) -> RunOutcome:
-    from harness.report.summary import print_drift, print_invariance, print_verdicts
-
     progress = EngineProgress()
 
     def on_start(ran: LoadedScenario, run_dir: Path) -> None:
@@ -35,6 +33,32 @@ def run_and_print(scenario: LoadedScenario, out: Path, selection: Selection, par
         outcome = execute(scenario, out, selection, parallel, progress.event, on_start)
     finally:
         progress.stop()
+    return print_outcome(outcome)
+
+
+def resume_and_print(run_dir: Path, parallel: int | None) -> RunOutcome:
+    from harness.run.resume import resume
+
+    progress = EngineProgress()
+
+    def on_start(ran: LoadedScenario, run_dir: Path, reused: int, damaged: int) -> None:
+        total = len(ran.cases) * len(ran.spec.engines)
+        skipped = f"; {damaged} damaged journal line(s) skipped" if damaged else ""
+        console.print(f"{ran.name}: resuming {run_dir}: {reused} of {total} results reused, {total - reused} to "
+                      f"run{skipped}", markup=False, highlight=False)
+        progress.start(list(ran.spec.engines), len(ran.cases))
+
+    try:
+        outcome = resume(run_dir, parallel, progress.event, on_start)
+    finally:
+        progress.stop()
+    return print_outcome(outcome)
+
+
+def print_outcome(outcome: RunOutcome) -> RunOutcome:
+    from harness.report.summary import exposed_servers, print_drift, print_invariance, print_verdicts
+    from harness.run.store import read_meta
+
     if not outcome.verdicts.empty:
         print_verdicts(outcome.verdicts, outcome.scenario.spec.reference)
     if not outcome.invariance.empty:
@@ -48,9 +72,12 @@ def run_and_print(scenario: LoadedScenario, out: Path, selection: Selection, par
         _note("skipped", f"{name}: {reason}")
     for cases, text in outcome.effective_differences:
         _note("effective params differ", f"({', '.join(cases)}): {text}")
+    for note in exposed_servers(read_meta(outcome.run_dir)):
+        _note("exposed", note)
     state = "INTERRUPTED" if outcome.interrupted else "PASS" if outcome.exit_code == 0 else "FAIL"
+    resume = f"; continue it with: parity run --resume {outcome.run_dir}" if outcome.interrupted else ""
     console.print(f"{state}: {outcome.scenario.name} (exit {outcome.exit_code}); report: "
-                  f"{outcome.run_dir / 'summary.md'}", markup=False, highlight=False)
+                  f"{outcome.run_dir / 'summary.md'}{resume}", markup=False, highlight=False)
     return outcome
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +79,7 @@ class InProcess:
     code: int
     stdout: str
     stderr: str
+    traceback: str  # of an exception that escaped the command ("" when none did)
 
 
 def parity_in_process(*args: str) -> InProcess:
@@ -86,4 +89,19 @@ def parity_in_process(*args: str) -> InProcess:
     from harness.cli import app
 
     result = CliRunner().invoke(app, list(args))
-    return InProcess(result.exit_code, result.stdout, result.stderr)
+    escaped = result.exc_info if result.exception and not isinstance(result.exception, SystemExit) else None
+    return InProcess(result.exit_code, result.stdout, result.stderr,
+                     "".join(traceback.format_exception(*escaped)) if escaped else "")
+
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--enable-logging=stderr", "--v=0"]
+
+
+def chromium(user_data: Path, *args: str) -> subprocess.CompletedProcess:
+    """The real headless Chromium the report tests open reports in."""
+    binary = shutil.which("chromium")
+    assert binary, "chromium is missing: run scripts/ensure_chromium.sh (make test does)"
+    return subprocess.run([binary, *CHROMIUM_FLAGS, f"--user-data-dir={user_data}", *args], capture_output=True,
+                          text=True, timeout=180)

@@ -30,7 +30,7 @@ class Options(ServedOptions):
 
 def command(setup: EngineSetup, port: int, options: Options) -> list[str]:
     cmd = [sys.executable, "-m", "lmdeploy", "serve", "api_server", str(setup.model_path), "--backend", "pytorch",
-           "--server-name", "127.0.0.1", "--server-port", str(port), "--dtype", setup.dtype,
+           "--server-name", options.bind, "--server-port", str(port), "--dtype", setup.dtype,
            "--session-len", str(options.session_len), "--cache-max-entry-count", str(options.cache_max_entry_count),
            "--logprobs-mode", "raw_logprobs", "--generation-config", options.generation_config]
     if options.eager_mode:

@@ -197,9 +197,12 @@ class Engine:
         started = time.perf_counter()
         try:
             completion = self.client.complete(body)
+            result = self._result(request, translation, body, completion)
         except RequestFailed as exc:
             return Result.engine_error(request.case_id, self.name, f"engine error: {exc}")
-        result = self._result(request, translation, body, completion)
+        except (ValueError, TypeError, KeyError, IndexError) as exc:  # an answer of the wrong shape: this case only
+            return Result.engine_error(request.case_id, self.name, "engine error: the server's answer could not be "
+                                       f"read ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")
         result.timings = {"generate_s": time.perf_counter() - started, "attempts": float(completion.attempts)}
         return result
 

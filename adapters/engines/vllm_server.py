@@ -54,7 +54,7 @@ def _flag(cmd: list[str], value: bool | None, name: str) -> None:
 
 def command(setup: EngineSetup, port: int, options: Options) -> list[str]:
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(setup.model_path),
-           "--host", "127.0.0.1", "--port", str(port), "--dtype", setup.dtype, "--seed", "0",
+           "--host", options.bind, "--port", str(port), "--dtype", setup.dtype, "--seed", "0",
            "--max-logprobs", "20", "--generation-config", options.generation_config,
            "--disable-uvicorn-access-log"]
     if options.enforce_eager:
@@ -80,6 +80,8 @@ class Engine(ServedEngine):
         env_options = OfflineOptions(kv_cache_gib=self.options.kv_cache_gib, multiprocessing=True,
                                      batch_invariant=self.options.batch_invariant)
         env = {**os.environ, **prepare_env(setup.workdir, env_options, sockets)}
+        if self.options.api_key_env:  # the key goes in the environment, never on the command line (ps shows that)
+            env["VLLM_API_KEY"] = os.environ[self.options.api_key_env]
         return Launch(command(setup, port, self.options), env, cleanup=lambda: remove_socket_dir(sockets))
 
     def versions(self) -> dict[str, str]:

@@ -22,6 +22,10 @@ def to_result(name: str, request: Request, translation: Translation, body: dict[
             "its native /generate: endpoint: generate)"))
     chosen = [resolver.resolve(s.token) for s in steps]
     token_ids = completion.token_ids or chosen
+    if len(steps) != len(token_ids):
+        return Result.engine_error(request.case_id, name, (
+            f"engine error: {url} returned {len(token_ids)} tokens but logprobs for {len(steps)} steps, so it cannot "
+            "be compared token by token (not retried: the server answered)"))
     if any(t is None for t in token_ids):
         return Result.engine_error(request.case_id, name, (
             f"engine error: token text {sorted(resolver.unmapped)[:5]} maps to no id of the model's tokenizer: "
@@ -41,8 +45,6 @@ def to_result(name: str, request: Request, translation: Translation, body: dict[
         prompt_ids = request.prompt_ids
         if "input_ids" not in body and ("prompt" not in body or isinstance(body["prompt"], str)):
             warnings.append("the server does not return prompt token ids: assumed equal to the harness's")
-    if len(steps) != len(token_ids):
-        warnings.append(f"server returned {len(token_ids)} token ids but logprobs for {len(steps)} steps")
     return Result(case_id=request.case_id, engine=name, status="ok", prompt_ids=list(prompt_ids),
                   token_ids=list(token_ids), text=completion.text, finish_reason=completion.finish_reason,
                   chosen_logprobs=[s.logprob for s in steps], top_ids=top_ids, top_logprobs=top_logprobs,

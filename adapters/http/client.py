@@ -169,10 +169,17 @@ class Client:
         return f"{self.base_url}/{'chat/completions' if self.endpoint == 'chat' else 'completions'}"
 
     def complete(self, body: dict[str, Any], parse: Parse | None = None) -> Completion:
-        """The server's answer, parsed by `parse` (default: every choice folded into one completion)."""
+        """Send one request; its answer is parsed by `parse` (default: every choice folded into one completion).
+        A request changes nothing on the server, so what may be transient is retried, at most `retries` times with
+        backoff (0.5 s, 1 s, 2 s ... capped at 8 s): a dropped connection, a body cut short, a 5xx answer, an answer
+        that does not parse. Not retried: a 4xx (the server refuses this request), no answer within the timeout (the
+        server may still be working on it: a retry would pile up on a stuck server), an answer that parses but cannot
+        be compared (logprobs missing for some tokens: a server that does that does it again)."""
         url = self.url
         last = ""
         for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(min(8.0, 0.5 * 2 ** (attempt - 1)))
             gone = self.server_alive()
             if gone:
                 raise RequestFailed(gone)
@@ -181,12 +188,11 @@ class Client:
                 completion.attempts = attempt + 1
                 return completion
             except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-                last = f"{type(exc).__name__}: {exc}"
+                last = f"connection failed ({type(exc).__name__}: {exc})"
             except httpx.TimeoutException:
-                raise RequestFailed(f"no response within {self.timeout:g}s") from None
-            except _ServerError as exc:
+                raise RequestFailed(f"no response within {self.timeout:g}s (not retried)") from None
+            except (_ServerError, _Unreadable) as exc:
                 last = str(exc)
-            time.sleep(min(8.0, 0.5 * 2 ** attempt))
         raise RequestFailed(self.server_alive() or f"gave up after {self.retries + 1} attempts: {last}")
 
     def _send(self, url: str, body: dict[str, Any], parse: Parse) -> Completion:
@@ -199,7 +205,7 @@ class Client:
                     raise _ServerError(message)
                 raise RequestFailed(f"rejected by the server: {message}")
             if not body.get("stream"):
-                parse(json.loads(response.read()), self.endpoint, out)
+                _parse(response.read(), self.endpoint, out, parse)
                 return out
             for line in response.iter_lines():
                 if not line.startswith("data:"):
@@ -207,8 +213,21 @@ class Client:
                 data = line[5:].strip()
                 if data == "[DONE]":
                     break
-                parse_payload(json.loads(data), self.endpoint, out)
+                _parse(data, self.endpoint, out, parse)
         return out
+
+
+def _parse(data: str | bytes, endpoint: str, out: Completion, parse: Parse) -> None:
+    """Fold one answer (or streamed chunk) into `out` with `parse`; an answer that is not the JSON this endpoint
+    gives is _Unreadable."""
+    try:
+        parse(json.loads(data), endpoint, out)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise _Unreadable(f"unreadable answer ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+
+
+class _Unreadable(Exception):
+    """An answer that does not parse as this endpoint's JSON: retried (a body cut short reads the same)."""
 
 
 class _ServerError(Exception):

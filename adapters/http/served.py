@@ -1,9 +1,10 @@
 """Server engines the harness can start: one attach-or-launch path for all of them.
 
 With `url:` the engine attaches to a running server (loopback unless allow_remote, API key from the env var named by
-api_key_env) and never stops it. Without it, the engine starts the server on a free 127.0.0.1 port with the command
-its subclass builds, waits for its health endpoint, and stops it (with its whole process group) when the engine
-closes, also when the worker dies.
+api_key_env) and never stops it. Without it, the engine starts the server on a free port of 127.0.0.1 (another
+address only with `bind:` and allow_remote: true; the run's versions record where it listened, and the reports say
+when that was not loopback) with the command its subclass builds, waits for its health endpoint, and stops it (with
+its whole process group) when the engine closes, also when the worker dies.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import ClassVar
 
 from pydantic import Field, model_validator
 
-from adapters.engines.openai import AttachOptions, api_base, auth_headers, check_endpoint
+from adapters.engines.openai import AttachOptions, api_base, auth_headers, check_endpoint, is_loopback
 from adapters.engines.openai import Engine as OpenAIEngine
 from adapters.http.dialects import DIALECTS
 from adapters.http.server_process import ServerProcess, free_port
@@ -38,6 +39,14 @@ def installed_version(*distributions: str) -> str:
 class ServedOptions(AttachOptions):
     startup_timeout: float = Field(600, gt=0)
     extra_args: list[str] = Field(default_factory=list)  # more server command-line arguments
+    bind: str = "127.0.0.1"  # the address a server the harness starts listens on
+
+    @model_validator(mode="after")
+    def _loopback_bind_unless_allowed(self) -> ServedOptions:
+        if not is_loopback(f"http://{self.bind}") and not self.allow_remote:
+            raise ValueError(f"bind {self.bind} is not a loopback address: the server would be reachable from other "
+                             "machines; set allow_remote: true to allow it")
+        return self
 
 
 def endpoint_checked(dialect: str):
@@ -95,12 +104,14 @@ class ServedEngine(OpenAIEngine):
             self.close()
             raise
         self.startup_s = time.monotonic() - started
+        self.listening = f"{self.options.bind}:{port}"
         return f"http://127.0.0.1:{port}/v1"
 
     def versions(self) -> dict[str, str]:
         info = super().versions()
         if self.server:
             info["server_startup_s"] = f"{self.startup_s:.1f}"
+            info["server_listening"] = self.listening
         return info
 
     def close(self) -> None:

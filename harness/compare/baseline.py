@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from harness.compare.verdicts import COLUMNS
+from harness.compare.verdicts import COLUMNS, VERDICT_TYPES
 from harness.errors import ConfigError
-from harness.run.store import RESULT_COLUMNS, STEP_COLUMNS, read_meta, read_parquet, write_atomic
+from harness.run.store import RESULT_TYPES, STEP_TYPES, read_meta, read_parquet, write_atomic
 
 
 def _round(values) -> list[float]:
@@ -27,9 +28,9 @@ def records_from_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]
     meta = read_meta(run_dir)
     if meta.status != "finished":
         raise ConfigError(f"{run_dir}: the run is {meta.status}: save a baseline from a finished run")
-    results = read_parquet(run_dir, "results.parquet", RESULT_COLUMNS)
-    steps = read_parquet(run_dir, "steps.parquet", STEP_COLUMNS)
-    verdicts = read_parquet(run_dir, "verdicts.parquet", COLUMNS, required=False)
+    results = read_parquet(run_dir, "results.parquet", RESULT_TYPES)
+    steps = read_parquet(run_dir, "steps.parquet", STEP_TYPES)
+    verdicts = read_parquet(run_dir, "verdicts.parquet", VERDICT_TYPES, required=False)
     verdicts = (verdicts if verdicts is not None else pd.DataFrame(columns=COLUMNS)).set_index(["engine", "case_id"])
     per_case = {key: group for key, group in steps.groupby(["engine", "case_id"], sort=False)}
     records = []
@@ -60,14 +61,51 @@ def save(run_dir: Path, to: Path) -> Path:
     return path
 
 
+class BaselineHeader(BaseModel):
+    scenario: str
+    run_id: str
+    reference: str
+    versions: dict[str, dict[str, str]]
+
+
+class BaselineRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    case_id: str
+    engine: str
+    status: str
+    error: str
+    token_ids: list[int]
+    chosen_logprobs: list[float]
+    top_ids: list[list[int]]
+    verdict: str
+    first_divergence: int
+
+
 def load(baseline_dir: Path, scenario_name: str) -> tuple[dict[str, Any], dict[tuple[str, str], dict[str, Any]]]:
+    """A scenario's baseline, every line checked: a truncated or edited file is a ConfigError naming its line."""
     path = baseline_dir / f"{scenario_name}.jsonl"
     if not path.exists():
         raise ConfigError(f"{path}: no baseline for scenario '{scenario_name}': save one with "
                           f"`parity baseline save RUN_DIR --to {baseline_dir}`")
-    lines = path.read_text().splitlines()
     try:
-        header, records = json.loads(lines[0]), [json.loads(line) for line in lines[1:] if line.strip()]
-    except (ValueError, IndexError) as exc:
-        raise ConfigError(f"{path}: not a baseline file ({exc}): save it again with `parity baseline save`") from None
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: unreadable ({type(exc).__name__}): save it again with `parity baseline save`") \
+            from None
+    if not lines:
+        raise ConfigError(f"{path}: empty: save it again with `parity baseline save`")
+    header = _line(path, 1, lines[0], BaselineHeader)
+    records = [_line(path, n, line, BaselineRecord) for n, line in enumerate(lines[1:], start=2) if line.strip()]
     return header, {(r["engine"], r["case_id"]): r for r in records}
+
+
+def _line(path: Path, number: int, line: str, shape: type[BaseModel]) -> dict[str, Any]:
+    try:
+        return shape.model_validate_json(line).model_dump()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        what = "header" if shape is BaselineHeader else "case record"
+        raise ConfigError(f"{path}:{number}: {what}{' ' + where if where else ''}: {first['msg']}: the file was "
+                          "edited or damaged; save it again with `parity baseline save`") from None

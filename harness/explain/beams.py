@@ -21,7 +21,7 @@ from harness import models
 from harness.compare.beams import beam_cases
 from harness.explain.beam_causes import BeamExplanation, LoopRun, explain_case
 from harness.run.execute import RunOutcome
-from harness.run.store import BEAM_COLUMNS, read_parquet, write_atomic, write_json
+from harness.run.store import BEAM_TYPES, RESULT_TYPES, read_parquet, write_atomic, write_json
 from harness.scenario.prompts import load_tokenizer
 from harness.semantics.effective import describe_differences, differing_fields
 from harness.semantics.jobs import SamplingJob, SamplingJobFailed
@@ -43,7 +43,7 @@ def split_cases(outcome: RunOutcome, chosen: list[str]) -> tuple[list[str], list
 
 def _real_beams(run_dir: Path) -> dict[tuple[str, str], list[Beam]]:
     """The beams each engine returned in the run (none when every engine failed: no beams.parquet)."""
-    frame = read_parquet(run_dir, "beams.parquet", BEAM_COLUMNS, required=False)
+    frame = read_parquet(run_dir, "beams.parquet", BEAM_TYPES, required=False)
     beams: dict[tuple[str, str], list[Beam]] = {}
     for row in ([] if frame is None else frame.sort_values(["engine", "case_id", "rank"]).itertuples()):
         logprobs = [None if pd.isna(v) else float(v) for v in row.logprobs]
@@ -132,7 +132,7 @@ def explain_beams(outcome: RunOutcome, cases: list[str]) -> BeamExplainOutcome:
 
 
 def _effective(run_dir: Path) -> dict[tuple[str, str], Effective]:
-    results = read_parquet(run_dir, "results.parquet", ["case_id", "engine", "effective"])
+    results = read_parquet(run_dir, "results.parquet", RESULT_TYPES)
     found = {(r.engine, r.case_id): json.loads(r.effective) for r in results.itertuples()}
     return {key: Effective.model_validate(e) for key, e in found.items() if e.get("decoding")}
 
@@ -147,7 +147,7 @@ def _rules(effective: dict[tuple[str, str], Effective], ref: str, name: str, cas
 
 def _prompt_ids(run_dir: Path, reference: str) -> dict[str, list[int]]:
     """The prompt ids of each case, as the reference ran them."""
-    results = read_parquet(run_dir, "results.parquet", ["case_id", "engine", "prompt_ids"])
+    results = read_parquet(run_dir, "results.parquet", RESULT_TYPES)
     return {row.case_id: [int(t) for t in row.prompt_ids] for row in results.itertuples() if row.engine == reference}
 
 

@@ -11,9 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
+from pydantic import BaseModel, Field
 
-from harness.compare.verdicts import COLUMNS
-from harness.run.store import RESULT_COLUMNS, STEP_COLUMNS, RunMeta, read_meta, read_parquet, write_atomic
+from harness.compare.verdicts import VERDICT_TYPES
+from harness.report.summary import exposed_servers
+from harness.run.store import RESULT_TYPES, STEP_TYPES, RunMeta, read_json, read_meta, read_parquet, write_atomic
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
@@ -21,6 +23,7 @@ table{border-collapse:collapse;margin:8px 0 16px}td,th{border:1px solid #ccc;pad
 vertical-align:top;font-size:13px}th{background:#f3f3f3}.match{color:#1a7f37}.benign_tie{color:#9a6700}
 .diverged,.engine_error{color:#cf222e;font-weight:bold}.no{background:#ffebe9}.differs{background:#fff8c5}
 .tokens{font-family:monospace;font-size:12px;line-height:1.9;white-space:pre-wrap}
+.answer{font-family:monospace;font-size:12px;white-space:pre-wrap}.exposed{padding:6px;font-weight:bold}
 .tok{border:1px solid #ddd;border-radius:3px;padding:0 2px;margin:1px}.tok.first{background:#ffcecb;
 border-color:#cf222e}.tok.after{color:#888}.case{border-top:2px solid #ddd;margin-top:18px}
 """
@@ -134,6 +137,9 @@ def _case_section(i: int, v, results: pd.DataFrame, steps: pd.DataFrame, referen
     for name, row in ((reference, ref.iloc[0]), (v.engine, oth.iloc[0])):
         out.append(f"<tr><th>{_e(name)}</th><td class='tokens'>{_token_row(list(row.token_ids), first, decode)}"
                    "</td></tr>")
+    out.append("</table><table class='answers'>")
+    for name, row in ((reference, ref.iloc[0]), (v.engine, oth.iloc[0])):  # engine output: text, always escaped
+        out.append(f"<tr><th>{_e(name)} answer</th><td class='answer'>{_e(row.text)}</td></tr>")
     out.append("</table>")
     if first >= 0:
         out.append(f"<table class='alternatives'><tr><th colspan=2>top-k at step {first}</th></tr><tr>"
@@ -186,23 +192,53 @@ def _effective_table(results: pd.DataFrame) -> str:
     return "\n".join(rows) + "</table>" + (f"<ul>{notes}</ul>" if notes else "")
 
 
+class _CurvePoint(BaseModel):
+    layer: int
+    error: float
+    floor: float
+
+
+class _Localisation(BaseModel):
+    case_id: str
+    engine: str
+    reference: str
+    cause: str
+    verdict: str
+    curve: list[_CurvePoint] = Field(default_factory=list)
+
+
+class _Explained(BaseModel):
+    """What the report reads of explain/localisation.json (written by `parity explain`)."""
+
+    k: float
+    floor: str
+    localisations: list[_Localisation]
+
+
+class _Transplanted(BaseModel):
+    """What the report reads of each verdict in transplant/verdicts.json (written by `parity transplant`)."""
+
+    case_id: str
+    engine: str
+    cause: str
+    verdict: str
+
+
 def _explain_section(run_dir: Path) -> str:
     """parity explain's localisations, each with the residual-stream error curve against the noise floor."""
-    path = run_dir / "explain" / "localisation.json"
-    if not path.exists():
+    data = read_json(run_dir, "explain/localisation.json", _Explained)
+    if data is None:
         return ""
-    data = json.loads(path.read_text())
-    out = [f"<h2 id='explain'>Explain</h2><p>Noise floor: {_e(data['floor'])}; a capture point leaves it when its "
-           f"relative error exceeds {data['k']:g} x the floor. Per point: <code>explain/points.parquet</code>; per "
+    out = [f"<h2 id='explain'>Explain</h2><p>Noise floor: {_e(data.floor)}; a capture point leaves it when its "
+           f"relative error exceeds {data.k:g} x the floor. Per point: <code>explain/points.parquet</code>; per "
            "point and position: <code>explain/errors.parquet</code>.</p>"]
-    for loc in data["localisations"]:
-        out.append(f"<div class='case'><h3>{_e(loc['case_id'])}: {_e(loc['engine'])} vs {_e(loc['reference'])}: "
-                   f"{_e(loc['cause'])}</h3><p>{_e(loc['verdict'])}</p>")
-        curve = loc.get("curve") or []
-        if curve:
-            layers = [c["layer"] for c in curve]
-            out.append(svg_plot({"error": (layers, [c["error"] for c in curve]),
-                                 "noise floor": (layers, [c["floor"] for c in curve])},
+    for loc in data.localisations:
+        out.append(f"<div class='case'><h3>{_e(loc.case_id)}: {_e(loc.engine)} vs {_e(loc.reference)}: "
+                   f"{_e(loc.cause)}</h3><p>{_e(loc.verdict)}</p>")
+        if loc.curve:
+            layers = [c.layer for c in loc.curve]
+            out.append(svg_plot({"error": (layers, [c.error for c in loc.curve]),
+                                 "noise floor": (layers, [c.floor for c in loc.curve])},
                                 "residual stream after each layer: relative error (worst position)", xlabel="layer"))
         out.append("</div>")
     return "".join(out)
@@ -264,27 +300,29 @@ def _drift_section(run_dir: Path) -> str:
 
 
 def _transplant_section(run_dir: Path) -> str:
-    path = run_dir / "transplant" / "verdicts.json"
-    if not path.exists():
+    verdicts = read_json(run_dir, "transplant/verdicts.json", list[_Transplanted])
+    if verdicts is None:
         return ""
     rows = ["<h2 id='transplant'>Sampler transplant</h2><table><tr><th>case</th><th>engine</th><th>cause</th>"
             "<th>verdict</th></tr>"]
-    rows += [f"<tr><td>{_e(v['case_id'])}</td><td>{_e(v['engine'])}</td><td>{_e(v['cause'])}</td>"
-             f"<td>{_e(v['verdict'])}</td></tr>" for v in json.loads(path.read_text())]
+    rows += [f"<tr><td>{_e(v.case_id)}</td><td>{_e(v.engine)}</td><td>{_e(v.cause)}</td>"
+             f"<td>{_e(v.verdict)}</td></tr>" for v in verdicts]
     return "\n".join(rows) + "</table>"
 
 
 def build(run_dir: Path) -> str:
     meta = read_meta(run_dir)
-    results = read_parquet(run_dir, "results.parquet", RESULT_COLUMNS)
-    steps = read_parquet(run_dir, "steps.parquet", STEP_COLUMNS)
-    verdicts = read_parquet(run_dir, "verdicts.parquet", COLUMNS, required=False)
+    results = read_parquet(run_dir, "results.parquet", RESULT_TYPES)
+    steps = read_parquet(run_dir, "steps.parquet", STEP_TYPES)
+    verdicts = read_parquet(run_dir, "verdicts.parquet", VERDICT_TYPES, required=False)
     verdicts = verdicts if verdicts is not None else pd.DataFrame()
     decode = _decoder(meta)
     reference = meta.reference
     body = [f"<h1>{_e(meta.scenario_name)}</h1><p>run <b>{_e(meta.run_id)}</b>, status "
             f"{_e(meta.status)}, exit code {_e(meta.exit_code)}, reference engine <b>{_e(reference)}</b>, "
-            f"model <code>{_e(meta.model)}</code>, wall {meta.wall_s:.1f} s</p>", "<h2>Verdicts</h2>"]
+            f"model <code>{_e(meta.model)}</code>, wall {meta.wall_s:.1f} s</p>"]
+    body += [f"<p class='exposed no'>{_e(note)}</p>" for note in exposed_servers(meta)]
+    body.append("<h2>Verdicts</h2>")
     body.append(_verdict_table(verdicts) if not verdicts.empty else "<p>No verdicts (interrupted run).</p>")
     body.append("<h2>Cases</h2>")
     body += [_case_section(i, v, results, steps, reference, decode) for i, v in enumerate(verdicts.itertuples())]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from pathlib import Path
 
@@ -20,6 +21,26 @@ def _num(value, spec: str = ".2g") -> str:
 
 def _step(value) -> str:
     return "" if value is None or (isinstance(value, float) and math.isnan(value)) or value < 0 else str(int(value))
+
+
+def exposed_servers(meta: RunMeta) -> list[str]:
+    """Servers the harness started that listened on an address other machines can reach (a scenario opted in with
+    bind and allow_remote), one sentence each; every report says so."""
+    notes = []
+    for name, engine in meta.engines.items():
+        listening = engine.versions.get("server_listening")
+        if listening and not _loopback(listening.rpartition(":")[0]):
+            notes.append(f"{name}: the server the harness started listened on {listening}, not on a loopback "
+                         "address: it was reachable from other machines while the run lasted (the scenario set "
+                         "bind and allow_remote)")
+    return notes
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def verdict_rows(verdicts: pd.DataFrame) -> list[list[str]]:
@@ -98,6 +119,9 @@ def write_summary(path: Path, meta: RunMeta, verdicts: pd.DataFrame, drift: pd.D
         lines.append(f"| {name} | {e.engine} | {e.dtype} | {e.threads} | {versions} | {loads} | {e.restarts} |")
     for name, reason in meta.skipped.items():
         lines.append(f"| {name} | skipped: {reason} | | | | | |")
+    exposed = exposed_servers(meta)
+    if exposed:
+        lines += ["", "## Exposure", "", *[f"- {note}" for note in exposed]]
     lines += ["", "## Verdicts", ""]
     if verdicts.empty:
         lines.append("No verdicts: the run was interrupted before any case finished.")

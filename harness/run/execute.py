@@ -20,18 +20,21 @@ from harness.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARITY
 from harness.report.summary import write_summary
 from harness.run import drift, invariance
 from harness.run.executor import EngineOutcome, Progress, run_engines
+from harness.run.journal import read_engine_info, still_to_run
 from harness.run.plan import EnginePlan, engine_plan, select_engines, unavailable_engines
 from harness.run.store import (
     EngineMeta,
     RunMeta,
+    RunSelection,
     beams_frame,
     new_run_dir,
     results_frame,
+    run_lock,
     steps_frame,
     write_meta,
     write_parquet,
 )
-from harness.scenario.prompts import load_tokenizer, tokenize_prompts
+from harness.scenario.prompts import PromptTokenizer, load_tokenizer, tokenize_prompts
 from harness.scenario.spec import LoadedScenario
 from harness.scenario.vocabulary import SamplingParams
 from harness.semantics import effective
@@ -73,6 +76,13 @@ def plan_engines(scenario: LoadedScenario, run_dir: Path, prompt_ids: dict[str, 
         for c in scenario.cases]) for name in spec.engines]
 
 
+def all_plans(scenario: LoadedScenario, run_dir: Path, prompt_ids: dict[str, list[int]],
+              tokenizer: PromptTokenizer) -> tuple[list[EnginePlan], list[invariance.Check]]:
+    """Every engine's plan, with the invariance checks' extra requests and engine configurations."""
+    return invariance.plan(scenario, plan_engines(scenario, run_dir, prompt_ids), run_dir,
+                           tokenizer.encode(invariance.SHARED_PREFIX))
+
+
 def _sample_params(params: SamplingParams, check) -> SamplingParams:
     """For a sampling-parity run only the first `steps` tokens of each sample are drawn."""
     return params.model_copy(update={"max_new_tokens": check.steps}) if check else params
@@ -105,32 +115,52 @@ def runnable(scenario: LoadedScenario, selection: Selection,
     return scenario.with_engines([n for n in names if n not in skipped]), skipped
 
 
+def tokenized(scenario: LoadedScenario) -> tuple[PromptTokenizer, dict[str, list[int]]]:
+    """The reference's tokenizer and every case's prompt token ids (the same ids go to every engine)."""
+    spec = scenario.spec
+    tokenizer = load_tokenizer(models.resolve(spec.model, spec.engine_dtype(spec.reference), str(scenario.path)))
+    return tokenizer, tokenize_prompts(tokenizer, list({c.prompt.id: c.prompt for c in scenario.cases}.values()))
+
+
 def execute(scenario: LoadedScenario, out_root: Path, selection: Selection, parallel: int | None,
             progress: Progress, on_start: Callable[[LoadedScenario, Path], None]) -> RunOutcome:
     prepare_started = time.perf_counter()
     scenario, skipped = runnable(scenario, selection)
+    tokenizer, prompt_ids = tokenized(scenario)
+    run_dir = new_run_dir(out_root, scenario.name)
+    meta = RunMeta(run_id=run_dir.name, scenario=str(scenario.path.resolve()), scenario_name=scenario.name,
+                   scenario_text=scenario.path.read_text(), model=scenario.spec.model,
+                   reference=scenario.spec.reference, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                   machine=machine_info(), prompt_ids=prompt_ids, skipped=skipped,
+                   selection=RunSelection(engines=list(scenario.spec.engines), cases=selection.cases,
+                                          allow_missing=selection.allow_missing))
+    with run_lock(run_dir):
+        write_meta(run_dir, meta)
+        on_start(scenario, run_dir)
+        return complete_run(scenario, run_dir, meta, tokenizer, {}, parallel, progress,
+                            time.perf_counter() - prepare_started)
+
+
+def complete_run(scenario: LoadedScenario, run_dir: Path, meta: RunMeta, tokenizer: PromptTokenizer,
+                 done: dict[tuple[str, str], Result], parallel: int | None, progress: Progress,
+                 prepare_s: float) -> RunOutcome:
+    """Run every (engine, case) without a result in `done` (all of them for a new run; what an interrupted run
+    left for --resume), then judge all results and write the run directory."""
     spec = scenario.spec
     ref_path = models.resolve(spec.model, spec.engine_dtype(spec.reference), str(scenario.path))
-    tokenizer = load_tokenizer(ref_path)
-    prompt_ids = tokenize_prompts(tokenizer, list({c.prompt.id: c.prompt for c in scenario.cases}.values()))
-    run_dir = new_run_dir(out_root, scenario.name)
-    plans = plan_engines(scenario, run_dir, prompt_ids)
-    plans, checks = invariance.plan(scenario, plans, run_dir, tokenizer.encode(invariance.SHARED_PREFIX))
-    meta = RunMeta(run_id=run_dir.name, scenario=str(scenario.path), scenario_name=scenario.name,
-                   scenario_text=scenario.path.read_text(), model=spec.model, reference=spec.reference,
-                   started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), machine=machine_info(), prompt_ids=prompt_ids,
-                   skipped=skipped)
-    write_meta(run_dir, meta)
-    on_start(scenario, run_dir)
-
+    plans, checks = all_plans(scenario, run_dir, meta.prompt_ids, tokenizer)
+    to_run = still_to_run(plans, done)
     started = time.perf_counter()
-    prepare_s = started - prepare_started
     threads_needed = max(p.threads for p in plans)
     workers = parallel or max(1, (os.cpu_count() or 1) // threads_needed)
-    outcomes, interrupted = run_engines(plans, workers, progress)
+    outcomes, interrupted = run_engines(to_run, workers, progress)
     wall = time.perf_counter() - started
     write_started = time.perf_counter()
 
+    for plan in plans:  # engines with nothing left to run keep what their first session recorded
+        earlier = {case: r for (name, case), r in done.items() if name == plan.name}
+        outcome = outcomes.setdefault(plan.name, EngineOutcome(plan.name, **read_engine_info(plan.workdir)))
+        outcome.results = {**earlier, **outcome.results}
     names = list(spec.engines)
     results = {(name, case_id): result for name, o in outcomes.items() for case_id, result in o.results.items()}
     ordered = [results[(n, c.case_id)] for n in names for c in scenario.cases if (n, c.case_id) in results]
@@ -166,7 +196,7 @@ def execute(scenario: LoadedScenario, out_root: Path, selection: Selection, para
     meta.phases = {"prepare_s": prepare_s, "engines_s": wall, "write_s": time.perf_counter() - write_started}
     write_meta(run_dir, meta)
     return RunOutcome(scenario, run_dir, verdicts, warnings, exit_code, interrupted, meta.effective_differences,
-                      skipped, knob_rows, drifts)
+                      meta.skipped, knob_rows, drifts)
 
 
 def _endings(scenario: LoadedScenario, results: list[Result], eos_ids: set[int]) -> dict[tuple[str, str], str]:

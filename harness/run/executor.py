@@ -13,6 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
+from harness.run.journal import JOURNAL, save_engine_info
 from harness.run.plan import EnginePlan
 from harness.run.worker_process import WorkerGone, WorkerHandle, WorkerTimeout
 from harness.types import Request, Result, TraceRequest, TraceResult
@@ -29,6 +30,11 @@ class EngineOutcome:
     worker_pids: list[int] = field(default_factory=list)
     restarts: int = 0
     phases: dict[str, float] = field(default_factory=dict)  # the first worker's: process start, imports, load
+
+    def info(self) -> dict:
+        """Everything but the results: what engines/<name>/engine.json keeps for a resumed run."""
+        return {"versions": self.versions, "load_s": self.load_s, "worker_pids": self.worker_pids,
+                "restarts": self.restarts, "phases": self.phases}
 
 
 Progress = Callable[[str, str], None]  # (engine name, event): "loading" | "ready" | "case" | "done"
@@ -75,6 +81,8 @@ class EngineRun:
             phases = message.get("phases", {})
             self.outcome.phases = {"process_start_s": phases.get("main_at", spawned) - spawned,
                                    "imports_s": phases.get("imports_s", 0.0), "load_s": phases.get("load_s", 0.0)}
+        if plan.op == "generate":  # what a resumed run needs of an engine it does not start again
+            save_engine_info(plan.workdir, self.outcome.info())
         self.progress(plan.name, "ready")
 
     def _run_batch(self, batch: list[Request] | list[TraceRequest]) -> None:
@@ -96,7 +104,7 @@ class EngineRun:
     def run(self) -> EngineOutcome:
         pending = self.plan.batches()
         self.plan.workdir.mkdir(parents=True, exist_ok=True)
-        self.journal = open(self.plan.workdir / ("traces.jsonl" if self.plan.op == "trace" else "results.jsonl"), "a")
+        self.journal = open(self.plan.workdir / ("traces.jsonl" if self.plan.op == "trace" else JOURNAL), "a")
         try:
             while pending and not self.stopped.is_set():
                 batch = pending.pop(0)

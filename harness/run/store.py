@@ -2,21 +2,29 @@
 (and beams.parquet when cases decode by beam search).
 
 Each file is written to a temporary name and renamed, so a reader never sees half a file. Engine journals
-(engines/<name>/results.jsonl) are appended as results arrive, so an interrupted run keeps what it computed.
-run.json records the layout's format_version: a reader tells an older layout from a broken file and says which.
+(engines/<name>/results.jsonl) are appended as results arrive, so an interrupted run keeps what it computed (and
+`parity run --resume` continues from them). run.json records the layout's format_version: a reader tells an older
+layout from a broken file and says which. Every file read back is checked before it is used (run.json against its
+model, each parquet file's columns against their types), so a damaged or hand-edited file is a one-line error.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from harness.errors import ConfigError
 from harness.types import Result
@@ -44,6 +52,16 @@ class EngineMeta(BaseModel):
     phases: dict[str, float] = Field(default_factory=dict)
 
 
+class RunSelection(BaseModel):
+    """What a run ran of its scenario, recorded so that `parity run --resume` runs the same engines and cases."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engines: list[str]
+    cases: list[str] | None = None
+    allow_missing: bool = False
+
+
 class RunMeta(BaseModel):
     """run.json: what the run was, where, with which engines and versions, and how it ended."""
 
@@ -68,6 +86,8 @@ class RunMeta(BaseModel):
     warnings: dict[str, list[str]] = Field(default_factory=dict)
     effective_differences: list[tuple[list[str], str]] = Field(default_factory=list)
     phases: dict[str, float] = Field(default_factory=dict)  # the harness's own: prepare, engines, write
+    selection: RunSelection | None = None  # None: written before --resume existed
+    resumed: list[str] = Field(default_factory=list)  # when `parity run --resume` continued the run
 
 
 def new_run_dir(root: Path, scenario_name: str) -> Path:
@@ -93,6 +113,24 @@ def write_json(path: Path, data: Any) -> None:
 
 def write_meta(run_dir: Path, meta: RunMeta) -> None:
     write_atomic(run_dir / "run.json", meta.model_dump_json(indent=2) + "\n")
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """Held while a process writes the run directory: a second `parity run --resume` of a run still going is refused.
+    The kernel drops the lock when its holder dies, however it dies."""
+    with open(run_dir / ".lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "?"
+            raise ConfigError(f"{run_dir}: another parity process (pid {holder}) is writing this run: wait for it to "
+                              "end, or stop it first") from None
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        yield
 
 
 def write_parquet(path: Path, frame: pd.DataFrame) -> None:
@@ -128,30 +166,98 @@ def read_meta(run_dir: Path) -> RunMeta:
                           "again") from None
 
 
-def read_parquet(run_dir: Path, name: str, columns: list[str] | None = None,
+def read_json(run_dir: Path, name: str, shape: Any) -> Any:
+    """A JSON file of a run directory, validated as `shape` (a pydantic model or type); None when it is absent. A
+    truncated or edited file is a ConfigError naming the file and the key."""
+    path = run_dir / name
+    if not path.exists():
+        return None
+    try:
+        return TypeAdapter(shape).validate_json(path.read_bytes())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"{path}: {where + ': ' if where else ''}{first['msg']}: the file was edited or damaged; run "
+                          "the command that wrote it again") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: unreadable ({exc.strerror}): run the command that wrote it again") from None
+
+
+def read_parquet(run_dir: Path, name: str, types: dict[str, str] | None = None,
                  required: bool = True) -> pd.DataFrame | None:
-    """A parquet file of a run directory; a missing (when required), truncated or foreign file is a ConfigError."""
+    """A parquet file of a run directory, its columns checked against `types` (column -> kind, see _matches); a
+    missing (when required), truncated, foreign or hand-edited file is a ConfigError naming the file and column."""
     path = run_dir / name
     if not path.exists():
         if required:
             raise ConfigError(f"{path}: missing: the run did not finish writing its results; run the scenario again")
         return None
     try:
-        frame = pd.read_parquet(path)
+        table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises many kinds for a damaged file
         raise ConfigError(f"{path}: unreadable parquet ({type(exc).__name__}): the file is damaged; run the "
                           "scenario again") from None
-    missing = [c for c in columns or [] if c not in frame.columns]
+    missing = [c for c in types or {} if c not in table.column_names]
     if missing:
         raise ConfigError(f"{path}: columns {missing} are missing: the file was edited or is from another "
                           "layout; run the scenario again")
-    return frame
+    for column, kind in (types or {}).items():
+        problem = _column_problem(table.column(column), kind)
+        if problem:
+            raise ConfigError(f"{path}: column {column}: {problem}: the file was edited or damaged; run the scenario "
+                              "again")
+    return table.to_pandas()
 
 
-RESULT_COLUMNS = ["case_id", "engine", "status", "error", "params", "prompt_ids", "token_ids", "text",
-                  "finish_reason", "ended_by", "native_params", "warnings", "timings", "effective", "samples"]
-STEP_COLUMNS = ["case_id", "engine", "step", "token_id", "chosen_logprob", "top_ids", "top_logprobs"]
-BEAM_COLUMNS = ["case_id", "engine", "rank", "token_ids", "logprobs", "cum_logprob", "score", "finish_reason", "text"]
+def _column_problem(column: pa.ChunkedArray, kind: str) -> str | None:
+    """Why a column does not hold values of `kind` (str, int, float, bool, json: a string holding a JSON object,
+    list[...]; a trailing ? allows nulls), or None."""
+    nullable, kind = kind.endswith("?"), kind.removesuffix("?")
+    if not _matches(kind, column.type):
+        return f"holds {column.type}, not {kind}"
+    if not nullable and len(column) and (pa.types.is_null(column.type) or _nulls(column)):
+        return "has empty (null) values"
+    if kind == "json":
+        for value in column.to_pylist():
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                return f"{value[:40]!r} is not JSON"
+            if not isinstance(parsed, dict):
+                return f"{value[:40]!r} is not a JSON object"
+    return None
+
+
+def _matches(kind: str, type_: pa.DataType) -> bool:
+    if pa.types.is_null(type_):  # no values at all (an empty list column, a column of nulls)
+        return True
+    if kind.startswith("list["):
+        return (pa.types.is_list(type_) or pa.types.is_large_list(type_)) and _matches(kind[5:-1], type_.value_type)
+    checks = {"str": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
+              "int": pa.types.is_integer, "float": lambda t: pa.types.is_floating(t) or pa.types.is_integer(t),
+              "bool": pa.types.is_boolean}
+    checks["json"] = checks["str"]
+    return checks[kind](type_)
+
+
+def _nulls(column: pa.ChunkedArray | pa.Array) -> int:
+    """Nulls in a column, in its lists too."""
+    count = column.null_count
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        count += _nulls(pc.list_flatten(column))
+    return count
+
+
+# The columns of results, steps and beams.parquet and the kind of value each holds (checked when read back).
+RESULT_TYPES = {"case_id": "str", "engine": "str", "status": "str", "error": "str", "params": "str",
+                "prompt_ids": "list[int]", "token_ids": "list[int]", "text": "str", "finish_reason": "str",
+                "ended_by": "str", "native_params": "json", "warnings": "list[str]", "timings": "json",
+                "effective": "json", "samples": "list[list[int]]"}
+STEP_TYPES = {"case_id": "str", "engine": "str", "step": "int", "token_id": "int", "chosen_logprob": "float",
+              "top_ids": "list[int]", "top_logprobs": "list[float]"}
+BEAM_TYPES = {"case_id": "str", "engine": "str", "rank": "int", "token_ids": "list[int]", "logprobs": "list[float]?",
+              "cum_logprob": "float?", "score": "float?", "finish_reason": "str", "text": "str"}
+RESULT_COLUMNS, STEP_COLUMNS, BEAM_COLUMNS = list(RESULT_TYPES), list(STEP_TYPES), list(BEAM_TYPES)
 
 
 def results_frame(results: list[Result], params: dict[tuple[str, str], str],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -321,14 +322,18 @@ def _check_drift(source: YamlSource, spec: Scenario, name: str) -> None:
                                "needs: measure drift between engines that can be traced")
 
 
+MAX_CASES = 10_000  # prompts x grid points; a scenario above it is refused before anything is expanded
+
+
 def _grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     keys = list(grid)
     return [dict(zip(keys, values, strict=False)) for values in itertools.product(*(grid[k] for k in keys))]
 
 
-def load(path: str | Path) -> LoadedScenario:
-    """Read, validate and expand a scenario file. Raises ConfigError with file:line and key path."""
-    source = YamlSource(Path(path))
+def load(path: str | Path, text: str | None = None) -> LoadedScenario:
+    """Read, validate and expand a scenario file (text: its content, when already known). Raises ConfigError with
+    file:line and key path."""
+    source = YamlSource(Path(path), text)
     if not isinstance(source.data, dict):
         raise source.error((), "a scenario file must be a mapping with model, engines, prompts")
     try:
@@ -337,6 +342,11 @@ def load(path: str | Path) -> LoadedScenario:
         raise _format_pydantic_error(source, exc) from None
     _check_engines(source, spec)
     prompts = _prompts(source, spec)
+    points = math.prod(len(values) for values in spec.grid.values())
+    if len(prompts) * points > MAX_CASES:
+        raise source.error(("grid",) if spec.grid else ("prompts",), (
+            f"{len(prompts)} prompts x {points} grid points make {len(prompts) * points} cases, more than "
+            f"{MAX_CASES}: split the scenario into several files"))
     base = spec.params.model_dump(exclude_unset=True)
     cases = []
     for point in _grid_points(spec.grid):

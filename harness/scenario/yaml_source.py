@@ -12,12 +12,11 @@ from harness.errors import ConfigError
 
 
 class YamlSource:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, text: str | None = None):
+        """text: the file's content when it is already known (a resumed run's recorded scenario)."""
         self.path = path
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read scenario file ({exc.strerror}): check the path") from None
+        if text is None:
+            text = _read(path)
         try:
             self.root = yaml.compose(text, Loader=yaml.SafeLoader)
             self.data = yaml.safe_load(text)
@@ -26,6 +25,28 @@ class YamlSource:
             where = f"{path}:{mark.line + 1}" if mark else str(path)
             problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
             raise ConfigError(f"{where}: invalid YAML: {problem}: fix the syntax on that line") from None
+        self._no_duplicate_keys()
+
+    def _no_duplicate_keys(self) -> None:
+        """YAML keeps the last of two equal keys and drops the other silently (an engine, a param): refuse it."""
+        seen: set[int] = set()
+        stack = [self.root] if self.root is not None else []
+        while stack:
+            node = stack.pop()
+            if id(node) in seen:  # an alias: already checked (and anchors may nest themselves)
+                continue
+            seen.add(id(node))
+            if isinstance(node, yaml.MappingNode):
+                first: dict[str, int] = {}
+                for key, value in node.value:
+                    if isinstance(key, yaml.ScalarNode) and key.value in first and key.tag != "tag:yaml.org,2002:merge":
+                        raise ConfigError(f"{self.path}:{key.start_mark.line + 1}: key '{key.value}' is given twice "
+                                          f"in one mapping (first on line {first[key.value]}): YAML would silently "
+                                          "keep only the last; remove or rename one")
+                    first[key.value] = key.start_mark.line + 1
+                    stack += [key, value]
+            elif isinstance(node, yaml.SequenceNode):
+                stack += node.value
 
     def line_of(self, loc: Sequence[Any]) -> int | None:
         """1-based line of the deepest node on the key path `loc` that exists in the file."""
@@ -50,3 +71,13 @@ class YamlSource:
         where = f"{self.path}:{line}" if line else str(self.path)
         path = ".".join(str(p) for p in loc)
         return ConfigError(f"{where}: {path}: {message}" if path else f"{where}: {message}")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read scenario file ({exc.strerror}): check the path") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): save "
+                          "the scenario as UTF-8 YAML") from None

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from adapters.http.server_process import free_port
 
-from helpers import ParityRun, parity, write_scenario
+from helpers import ParityRun, chromium, parity, write_scenario
 
 pytestmark = pytest.mark.engines
 
@@ -25,18 +23,6 @@ engines:
 prompts: ["Hello world, this is", {{id: chat, messages: [{{role: user, content: "Hi there"}}]}}]
 params: {{max_new_tokens: 16}}
 """
-
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--enable-logging=stderr", "--v=0"]
-
-
-def chromium(user_data: Path, *args: str) -> subprocess.CompletedProcess:
-    binary = shutil.which("chromium")
-    assert binary, "chromium is missing: run scripts/ensure_chromium.sh (make test does)"
-    return subprocess.run([binary, *CHROMIUM_FLAGS, f"--user-data-dir={user_data}", *args], capture_output=True,
-                          text=True, timeout=180)
-
 
 @pytest.fixture(scope="module")
 def reported(tmp_path_factory) -> ParityRun:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -30,6 +31,7 @@ def test_killed_worker_costs_only_its_case(tmp_path: Path) -> None:
     out = tmp_path / "reports"
     proc = start_parity_run(write_scenario(tmp_path / "s.yaml", LONG), out)
     wait_for(lambda: journal_lines(out, "victim") >= 1, timeout=120)
+    time.sleep(1)  # into the next case: a kill between a result and its batch's end would cost no case
     pid = int(next(out.glob("*/engines/victim/worker.pid")).read_text())
     os.kill(pid, signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=300)

@@ -1,0 +1,97 @@
+"""Secrets and exposure, on a real run: an API key planted in an environment variable the scenario names is used
+(the vLLM server the harness starts requires it) and appears in no file, log, report or message; a server the
+scenario lets listen beyond loopback is named in every report; and a real model's answer that is HTML (SmolLM2
+asked to repeat an <img onerror> tag and to write a <script>) stays inert text in the report, checked in the real
+headless Chromium the report tests use."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from pathlib import Path
+
+import pytest
+
+from adapters.engines.vllm_server import Engine as VllmServer
+from harness import models
+from harness.types import EngineSetup
+
+from helpers import ParityRun, chromium, parity, write_scenario
+
+pytestmark = pytest.mark.engines
+
+KEY_ENV = "PARITY_PLANTED_KEY"
+KEY = f"sk-planted-{secrets.token_hex(16)}"
+
+SCENARIO = f"""\
+name: exposed
+model: smollm2-135m
+engines:
+  hf: {{engine: hf, reference: true}}
+  served: {{engine: vllm-server, options: {{api_key_env: {KEY_ENV}, bind: 0.0.0.0, allow_remote: true}}}}
+prompts:
+  - {{id: img, messages: [{{role: user, content: 'Repeat this HTML exactly: <img src=x onerror="document.title=1">'}}]}}
+  - {{id: script, messages: [{{role: user, content: "Write an HTML snippet with a script tag that shows an alert."}}]}}
+params: {{temperature: 0, max_new_tokens: 48}}
+"""
+
+
+@pytest.fixture(scope="module")
+def exposed(tmp_path_factory) -> tuple[ParityRun, list[str]]:
+    """The run, its HTML report and a baseline saved from it, with the key in the environment; every output."""
+    tmp = tmp_path_factory.mktemp("exposed")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(KEY_ENV, KEY)
+        run = parity("run", str(write_scenario(tmp / "exposed.yaml", SCENARIO)), out=tmp / "reports")
+        report = parity("report", str(run.run_dir))
+        baseline = parity("baseline", "save", str(run.run_dir), "--to", str(tmp / "baselines"))
+    assert run.code == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert report.code == 0 and baseline.code == 0, report.stderr + baseline.stderr
+    return run, [run.stdout, run.stderr, report.stdout, report.stderr, baseline.stdout, baseline.stderr]
+
+
+def test_the_planted_key_is_in_no_output(exposed, tmp_path: Path) -> None:
+    run, printed = exposed
+    files = [p for p in run.run_dir.parent.parent.rglob("*") if p.is_file()]
+    assert any(p.name == "server.log" for p in files) and any(p.name == "report.html" for p in files)
+    assert len(files) > 10
+    leaked = [str(p) for p in files if KEY.encode() in p.read_bytes()]
+    assert not leaked and not any(KEY in text for text in printed)
+    assert run.meta["engines"]["served"]["options"]["api_key_env"] == KEY_ENV  # the name is recorded, not the key
+
+
+def test_the_server_gets_the_key_in_its_environment_not_its_command_line(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(KEY_ENV, KEY)
+    setup = EngineSetup(name="s", model_path=models.resolve("tiny-llama", "float32"), dtype="float32",
+                        options={"api_key_env": KEY_ENV}, workdir=tmp_path)
+    engine = VllmServer.__new__(VllmServer)  # launch() only builds the command; nothing is started
+    engine.options = VllmServer.Options(**setup.options)
+    launch = engine.launch(setup, 8000)
+    assert launch.env["VLLM_API_KEY"] == KEY and not any(KEY in arg for arg in launch.command)
+    assert launch.command[launch.command.index("--host") + 1] == "127.0.0.1"  # loopback unless the scenario says
+
+
+def test_a_server_bound_beyond_loopback_is_named_in_every_report(exposed) -> None:
+    run, printed = exposed
+    listening = run.meta["engines"]["served"]["versions"]["server_listening"]
+    assert listening.startswith("0.0.0.0:")
+    sentence = f"served: the server the harness started listened on {listening}, not on a loopback address"
+    assert sentence in (run.run_dir / "summary.md").read_text()
+    assert sentence in (run.run_dir / "report.html").read_text()
+    assert sentence in " ".join(printed[0].split())
+    assert "listened on" not in (run.run_dir / "summary.md").read_text().replace(sentence, "")  # hf: no server
+
+
+def test_html_answers_stay_inert_in_chromium(exposed, tmp_path: Path) -> None:
+    run, _ = exposed
+    answers = run.results.set_index(["engine", "case_id"]).text
+    assert '<img src=x onerror="document.title=1">' in answers[("served", "img")]  # what the real model said
+    assert "<script>" in answers[("served", "script")]
+    page = (run.run_dir / "report.html").read_text()
+    assert '&lt;img src=x onerror=&quot;document.title=1&quot;&gt;' in page
+    dom = chromium(tmp_path / "profile", "--dump-dom", (run.run_dir / "report.html").as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert 'data-ready="yes"' in dom.stdout  # the report's own script ran to its end
+    assert re.search(r"<title>llm-parity: exposed</title>", dom.stdout)  # onerror did not retitle the page
+    assert "<img" not in dom.stdout and dom.stdout.count("<script") == 1  # no element from an answer
+    assert "&lt;script&gt;" in dom.stdout and "&lt;img src=x" in dom.stdout  # shown as text
