@@ -72,9 +72,13 @@ def judge_pair(baseline: list[Result], variant: list[Result], decode: Callable[[
     case = next(r for r in baseline if r.case_id == row["case_id"])
     gap = _gap(case, step, int(row["engine_token"]))
     tie = 2.0 * drift if drift else noise_margin(frame)
-    near_tie = gap is not None and gap <= tie
-    where = ("the variant's token is not in the baseline's top-k there" if gap is None else
-             f"the baseline ranks the variant's token {gap:.3g} nats below its own")
+    near_tie = gap is not None and 0.0 <= gap <= tie
+    if gap is None:
+        where = "the variant's token is not in the baseline's top-k there"
+    elif gap < 0:
+        where = f"the baseline ranks the variant's token {-gap:.3g} nats above the token it drew (a sampled draw)"
+    else:
+        where = f"the baseline ranks the variant's token {gap:.3g} nats below its own"
     reason = (f"a near-tie flip: {where}, within twice the drift seen on shared steps ({tie:.3g})" if near_tie else
               f"a real difference: {where}, beyond the drift seen on shared steps ({drift:.3g})")
     return {**common, "verdict": "diverged", "first_divergence": step, "case_id": row["case_id"],
@@ -102,12 +106,13 @@ def judge_samples(baseline: list[Result], variant: list[Result], steps: int, alp
 
 
 def _gap(baseline: Result, step: int, token: int) -> float | None:
-    """How far below its own choice the baseline ranked the token the variant chose at this step (None: not in its
-    top-k). An exact tie between several tokens is a gap of 0 whichever of them the variant took."""
+    """How far below the token it chose the baseline ranked the token the variant chose at this step (None: not in
+    its top-k). An exact tie is a gap of 0 whichever token the variant took; a negative gap means the baseline drew a
+    lower-ranked token (sampling), which is never a near-tie flip."""
     if step >= len(baseline.top_ids) or token not in baseline.top_ids[step]:
         return None
     values = baseline.top_logprobs[step]
-    return float(values[0] - values[baseline.top_ids[step].index(token)])
+    return float(baseline.chosen_logprobs[step] - values[baseline.top_ids[step].index(token)])
 
 
 def control_expected(verdict: str) -> bool:

@@ -80,3 +80,13 @@ prompts: ["x"]
 invariance: {knobs: [repeat, order], engines: [b], identical: [repeat]}
 """))
     assert [scenario.spec.invariance_knobs(n) for n in "abc"] == [["batch"], ["repeat", "order"], []]
+
+
+def test_a_sampled_baseline_that_drew_below_its_top_1_is_never_a_near_tie() -> None:
+    # The baseline sampled token 9 (its second choice); the variant, with another seed, drew the top-1 token 5. The
+    # gap is measured from the token the baseline chose, so this is a real difference even with no drift at all.
+    drawn = result("a", [9], [-3.0], [[5, 9]], [[-0.1, -3.0]])
+    top = result("a", [5], [-0.1], [[5, 9]], [[-0.1, -3.0]])
+    verdict = judge_pair([drawn], [top], str)
+    assert verdict["verdict"] == "diverged" and "a real difference" in verdict["explanation"]
+    assert "2.9 nats above the token it drew" in verdict["explanation"]
