@@ -14,7 +14,7 @@ test: env
 	scripts/ensure_chromium.sh
 	parity models prepare
 	ruff check .
-	python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	python -m pytest -q -p no:cacheprovider --durations=25 $(PYTEST_ARGS)
 
 ## Fast tier: pure logic (verdict rules, noise floor, localisation, tables, validation, rendering), no engine loads.
 test-fast: env
