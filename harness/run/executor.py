@@ -69,7 +69,6 @@ class EngineRun:
         plan = self.plan
         self.progress("loading")
         self.worker = self.executor.worker(plan)
-        spawned = time.monotonic()
         self.worker.start()
         self.outcome.worker_pids.append(self.worker.pid)
         (plan.workdir / "worker.pid").write_text(str(self.worker.pid))
@@ -82,6 +81,7 @@ class EngineRun:
         self.outcome.load_s.append(message["load_s"])
         if not self.outcome.phases:
             phases = message.get("phases", {})
+            spawned = self.worker.spawned_at  # by the clock of the worker's own machine, as main_at is
             self.outcome.phases = {"process_start_s": phases.get("main_at", spawned) - spawned,
                                    "imports_s": phases.get("imports_s", 0.0), "load_s": phases.get("load_s", 0.0)}
         if plan.op == "generate":  # what a resumed run needs of an engine it does not start again

@@ -23,6 +23,8 @@ ExecutorName = Literal["local", "ray"]
 class Worker(Protocol):
     """One engine worker as the executor loop sees it (harness.run.worker_process.WorkerHandle is the local one)."""
 
+    spawned_at: float | None  # time.monotonic() of the worker's machine when its process was spawned
+
     @property
     def pid(self) -> int | None: ...
     def start(self) -> None: ...

@@ -77,9 +77,12 @@ class RayExecutor:
                      num_cpus=os.cpu_count() if started_here else None,
                      object_store_memory=LOCAL_OBJECT_STORE if started_here else None)
         except (ConnectionError, RuntimeError, ValueError) as exc:
+            hint = ("; a cluster with token authentication (Ray's default) answers Ray client only with "
+                    "RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN, or ~/.ray/auth_token) set here"
+                    if str(address).startswith("ray://") and "RAY_AUTH_MODE" not in os.environ else "")
             raise ConfigError(f"--ray-address {address}: cannot attach to a Ray cluster there "
-                              f"({' '.join(str(exc).split())[:200]}): start one with `ray start --head`, or drop "
-                              "--ray-address to start one on this machine") from None
+                              f"({' '.join(str(exc).split())[:200]}){hint}: start one with `ray start --head`, or "
+                              "drop --ray-address to start one on this machine") from None
         return cls(started_here)
 
     def close(self) -> None:
@@ -127,6 +130,7 @@ class RayWorker:
         self.in_call = False
         self.killed = False
         self._pid: int | None = None
+        self.spawned_at: float | None = None
 
     @property
     def pid(self) -> int | None:
@@ -134,6 +138,7 @@ class RayWorker:
 
     def start(self) -> None:
         ray, plan = _ray(), self.plan
+        asked = time.monotonic()
         self.actor = self.executor.host_class.options(max_restarts=0, **plan.resources.ray_options()).remote(
             plan.name, plan.python, plan.threads, _modules(plan.import_paths), plan.workdir.parent.parent.name)
         placed = self.actor.describe.remote()
@@ -143,15 +148,16 @@ class RayWorker:
             if not self.executor.feasible(plan.resources.amounts()):
                 raise WorkerGone(f"no live node of the Ray cluster has {plan.resources}")
         info = self._call(placed, None)
+        waited = time.monotonic() - asked  # for resources to free up, then for the actor's process to start
         self.node, self.scratch = info["host"], Path(info["scratch"])
         if info["version"] != parity_version():
             raise WorkerGone(f"node {self.node} has llm-parity {info['version']}, the driver {parity_version()}: "
                              "install the same version on every node")
         model_path = self._call(self.actor.prepare_model.remote(
             plan.model, plan.dtype, plan.model_shared or self.executor.started_here), plan.load_timeout)
-        self._pid = self._call(self.actor.start_worker.remote(), CALL_SLACK)
+        self._pid, self.spawned_at = self._call(self.actor.start_worker.remote(), CALL_SLACK)
         self._record({**info, "model_path": model_path, "worker_pid": self._pid,
-                      "resources": str(plan.resources)})
+                      "resources": str(plan.resources), "placed_after_s": round(waited, 3)})
 
     def send(self, message: dict[str, Any]) -> None:
         gone = self._call(self.actor.send.remote(message), CALL_SLACK)

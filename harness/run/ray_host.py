@@ -88,7 +88,8 @@ class EngineHost:
         self.model_path = node_model(model, dtype, shared)
         return str(self.model_path)
 
-    def start_worker(self) -> int:
+    def start_worker(self) -> tuple[int, float]:
+        """The worker's pid, and when it was spawned by this node's monotonic clock."""
         if not os.path.exists(self.python):
             raise RuntimeError(f"python: {self.python} does not exist on node {socket.gethostname()}: build the "
                                "engine's environment there (parity env create) or give a path that exists on every "
@@ -96,7 +97,7 @@ class EngineHost:
         self.worker = WorkerHandle(self.name, self.python, self.threads, self.workdir / "worker.log",
                                    self.import_paths)
         self.worker.start()
-        return self.worker.pid
+        return self.worker.pid, self.worker.spawned_at
 
     def send(self, message: dict[str, Any]) -> str | None:
         """Relay one message; the load message's paths become this node's. Returns why the worker is gone, if it
