@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -86,7 +87,28 @@ AllowMissing = Annotated[bool, typer.Option(help="skip engines that cannot run h
                                                  "instead of exiting 3; the report lists them")]
 Cases = Annotated[list[str] | None, typer.Option("--case", help="case id (repeatable; default: all)")]
 Out = Annotated[Path, typer.Option(help="where run directories are written")]
-Parallel = Annotated[int | None, typer.Option(help="engines run at once (default: cores / threads per engine)")]
+Parallel = Annotated[int | None, typer.Option(help="engines run at once (default: cores / threads per engine; "
+                                                   "on Ray: all, as the cluster's resources allow)")]
+
+
+class ExecutorKind(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
+ExecutorOpt = Annotated[ExecutorKind, typer.Option("--executor", help="where engine workers run: local subprocesses, "
+                                                                      "or actors of a Ray cluster (pip install "
+                                                                      "'llm-parity[ray]')")]
+RayAddress = Annotated[str | None, typer.Option(help="with --executor ray: `auto` (a cluster started with `ray start` "
+                                                     "on this machine or reachable through RAY_ADDRESS), host:port or "
+                                                     "ray://host:port; default: start a Ray instance on this machine")]
+
+
+def executor_scope(executor: ExecutorKind, ray_address: str | None):
+    """The executor a command's engines run on, for the command's duration."""
+    from harness.run.executors import using
+
+    return using(executor.value, ray_address)
 
 
 def selection(engines: str | None, allow_missing: bool, cases: list[str] | None = None):
@@ -116,24 +138,34 @@ def validate(scenarios: ScenarioPaths) -> None:
 def run(scenarios: Annotated[list[Path] | None, typer.Argument(help="scenario YAML file(s)",
                                                                 show_default=False)] = None,
         engines: Engines = None, out: Out = Path("reports"), parallel: Parallel = None,
-        allow_missing: AllowMissing = False,
+        allow_missing: AllowMissing = False, executor: ExecutorOpt = ExecutorKind.local, ray_address: RayAddress = None,
         resume: Annotated[Path | None, typer.Option(
             help="continue an interrupted run in its directory (reports/<run-id>) with the scenario, engines and cases "
-                 "it started with: journaled results are reused, engine errors and missing cases run again")] = None
+                 "it started with: journaled results are reused, engine errors and missing cases run again")] = None,
+        plan: Annotated[Path | None, typer.Option(
+            help="run nothing: print the actors, their resources and a schedule on the cluster that this file "
+                 "describes, with wall time estimated from the per-case costs it gives (see README)")] = None
         ) -> None:
-    """Run scenario(s) through their engines and print a verdict table per scenario."""
-    from harness.commands import resume_and_print, run_and_print
+    """Run scenario(s) through their engines and print a verdict table per scenario. Several scenarios run as one
+    matrix: on Ray, all their engines at once as the cluster allows."""
+    from harness.commands import resume_and_print, run_all_and_print
     from harness.scenario.spec import load
 
     if resume is not None:
-        if scenarios or engines or allow_missing:
+        if scenarios or engines or allow_missing or plan:
             raise ConfigError("--resume continues a run with the scenario and engines it started with: drop the "
-                              "scenario files, --engines and --allow-missing")
-        raise typer.Exit(resume_and_print(resume, parallel).exit_code)
+                              "scenario files, --engines, --allow-missing and --plan")
+        with executor_scope(executor, ray_address):
+            raise typer.Exit(resume_and_print(resume, parallel).exit_code)
     if not scenarios:
         raise ConfigError("nothing to run: give scenario file(s), or --resume RUN_DIR")
     loaded = [load(path) for path in scenarios]  # every file is validated before any engine starts
-    codes = [run_and_print(s, out, selection(engines, allow_missing), parallel).exit_code for s in loaded]
+    if plan is not None:
+        from harness.commands import plan_and_print
+
+        raise typer.Exit(plan_and_print(loaded, plan, selection(engines, allow_missing)))
+    with executor_scope(executor, ray_address):
+        codes = [o.exit_code for o in run_all_and_print(loaded, out, selection(engines, allow_missing), parallel)]
     raise typer.Exit(EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes else max(codes))
 
 
@@ -145,27 +177,32 @@ def explain(scenario: ScenarioPath,
             ] = None, engines: Engines = None, allow_missing: AllowMissing = False,
             k: Annotated[float | None, typer.Option(help="a point leaves the noise floor when its error exceeds k x "
                                                          "the floor (default: scenario, 10)")] = None,
-            out: Out = Path("reports"), parallel: Parallel = None) -> None:
+            out: Out = Path("reports"), parallel: Parallel = None, executor: ExecutorOpt = ExecutorKind.local,
+            ray_address: RayAddress = None) -> None:
     """Run a scenario, then trace the chosen cases layer by layer in every engine (teacher forcing) and say where
     the engines part and why: which layer and component, sampler or penalty semantics, a near-tie, a hazard."""
     from harness.commands import explain_and_print
     from harness.scenario.spec import load
 
-    code = explain_and_print(load(scenario), out, selection(engines, allow_missing, case), k, parallel)
+    with executor_scope(executor, ray_address):
+        code = explain_and_print(load(scenario), out, selection(engines, allow_missing, case), k, parallel)
     raise typer.Exit(code)
 
 
 @app.command()
 @cli_errors
 def transplant(scenario: ScenarioPath, case: Cases = None, engines: Engines = None,
-               allow_missing: AllowMissing = False, out: Out = Path("reports")) -> None:
+               allow_missing: AllowMissing = False, out: Out = Path("reports"),
+               executor: ExecutorOpt = ExecutorKind.local, ray_address: RayAddress = None) -> None:
     """Run every engine's own sampling code on the same logits (the reference's, teacher-forced), compare the
     distributions step by step, name the param behind a disagreement, and report inf/NaN hazards. Only the
     reference generates, so engines that cannot run here are compared too. Exit 1 if a sampler disagrees."""
     from harness.commands import transplant_and_print
     from harness.scenario.spec import load
 
-    raise typer.Exit(transplant_and_print(load(scenario), out, selection(engines, allow_missing, case)))
+    with executor_scope(executor, ray_address):
+        code = transplant_and_print(load(scenario), out, selection(engines, allow_missing, case))
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -189,14 +226,16 @@ def gate(scenarios: ScenarioPaths,
          engines: Engines = None, allow_missing: AllowMissing = False,
          junit: Annotated[Path | None, typer.Option(help="write JUnit XML here")] = None,
          summary: Annotated[Path | None, typer.Option(help="write a Markdown summary here")] = None,
-         out: Out = Path("reports"), parallel: Parallel = None) -> None:
+         out: Out = Path("reports"), parallel: Parallel = None, executor: ExecutorOpt = ExecutorKind.local,
+         ray_address: RayAddress = None) -> None:
     """Run scenarios and fail (exit 1) when a case leaves its expectation or moved against the baseline."""
     from harness.commands import gate_and_print
     from harness.scenario.spec import load
 
     loaded = [load(path) for path in scenarios]
-    raise typer.Exit(gate_and_print(loaded, baseline, out, selection(engines, allow_missing), parallel, junit,
-                                    summary))
+    with executor_scope(executor, ray_address):
+        code = gate_and_print(loaded, baseline, out, selection(engines, allow_missing), parallel, junit, summary)
+    raise typer.Exit(code)
 
 
 @app.command()

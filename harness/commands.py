@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from harness.errors import EXIT_INTERRUPTED, ConfigError
 from harness.report.console import EngineProgress, console, print_table
-from harness.run.execute import RunOutcome, Selection, execute
+from harness.run.execute import RunOutcome, Selection, execute_all
 from harness.scenario.spec import LoadedScenario
 
 
@@ -22,18 +22,25 @@ def _note(kind: str, text: str) -> None:
 
 
 def run_and_print(scenario: LoadedScenario, out: Path, selection: Selection, parallel: int | None) -> RunOutcome:
+    return run_all_and_print([scenario], out, selection, parallel)[0]
+
+
+def run_all_and_print(scenarios: list[LoadedScenario], out: Path, selection: Selection,
+                      parallel: int | None) -> list[RunOutcome]:
+    """Run scenarios as one matrix (harness.run.execute.execute_all) and print each one's verdicts."""
     progress = EngineProgress()
 
     def on_start(ran: LoadedScenario, run_dir: Path) -> None:
         console.print(f"{ran.name}: {len(ran.cases)} cases x {len(ran.spec.engines)} engines -> {run_dir}",
                       markup=False, highlight=False)
-        progress.start(list(ran.spec.engines), len(ran.cases))
+        prefix = f"{ran.name}/" if len(scenarios) > 1 else ""
+        progress.start([prefix + name for name in ran.spec.engines], len(ran.cases))
 
     try:
-        outcome = execute(scenario, out, selection, parallel, progress.event, on_start)
+        outcomes = execute_all(scenarios, out, selection, parallel, progress.event, on_start)
     finally:
         progress.stop()
-    return print_outcome(outcome)
+    return [print_outcome(outcome) for outcome in outcomes]
 
 
 def resume_and_print(run_dir: Path, parallel: int | None) -> RunOutcome:
@@ -197,10 +204,10 @@ def gate_and_print(scenarios: list[LoadedScenario], baseline: Path, out: Path, s
     for scenario in scenarios:  # a missing baseline is a config error before anything runs
         baselines.load(baseline, scenario.name)
     cases = []
-    for scenario in scenarios:
-        outcome = run_and_print(scenario, out, selection, parallel)
-        if outcome.interrupted:
-            return EXIT_INTERRUPTED
+    outcomes = run_all_and_print(scenarios, out, selection, parallel)
+    if any(outcome.interrupted for outcome in outcomes):
+        return EXIT_INTERRUPTED
+    for scenario, outcome in zip(scenarios, outcomes, strict=True):
         expected = {(r.engine, r.case_id): (bool(r.expected), r.explanation) for r in outcome.verdicts.itertuples()}
         for r in outcome.drift.itertuples():  # a quantisation drift beyond its thresholds fails the case too
             if not r.ok:
@@ -219,6 +226,39 @@ def gate_and_print(scenarios: list[LoadedScenario], baseline: Path, out: Path, s
     console.print(f"gate: {'FAIL' if failed else 'PASS'} ({len(cases) - len(failed)}/{len(cases)} case results "
                   f"passed)", highlight=False)
     return 1 if failed else 0
+
+
+def plan_and_print(scenarios: list[LoadedScenario], plan_file: Path, selection: Selection) -> int:
+    """`parity run --plan`: the actors of a matrix, their resources and a schedule on the plan file's cluster."""
+    from harness.run.matrix import actors, nodes_of, read_plan_file, schedule
+
+    plan = read_plan_file(plan_file)
+    nodes = nodes_of(plan)
+    placements = schedule(actors(scenarios, selection.engines, plan.costs, plan_file), nodes, plan_file)
+    print_table(f"{len(placements)} actors", ["scenario", "actor", "engine", "model", "resources", "requests",
+                                              "tokens", "estimated"],
+                [[p.actor.scenario, p.actor.name, p.actor.engine, p.actor.model, str(p.actor.resources),
+                  str(p.actor.requests), str(p.actor.tokens), _duration(p.actor.seconds)]
+                 for p in sorted(placements, key=lambda p: (p.actor.scenario, p.actor.name))])
+    print_table(f"schedule on {len(nodes)} nodes", ["node", "actor", "start", "end"],
+                [[p.node, f"{p.actor.scenario}/{p.actor.name}", _duration(p.start), _duration(p.end)]
+                 for p in placements])
+    wall = max(p.end for p in placements)
+    work = sum(p.actor.seconds for p in placements)
+    gpu_total = sum(n.get("GPU", 0.0) for n in nodes.values()) * wall
+    gpu_used = sum(p.actor.resources.gpus * p.actor.seconds for p in placements)
+    busy = f"; GPUs busy {gpu_used / gpu_total:.0%} of that time" if gpu_total else ""
+    longest = max(placements, key=lambda p: p.actor.seconds).actor
+    console.print(f"estimated wall time {_duration(wall)} on {len(nodes)} nodes (one actor at a time: "
+                  f"{_duration(work)}; longest actor {longest.scenario}/{longest.name}: "
+                  f"{_duration(longest.seconds)}){busy}; costs from {plan_file}", highlight=False, markup=False)
+    return 0
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
 def engines_and_print() -> None:

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${LLM_PARITY_VENV:-.venv}"
 stamp="$venv/.installed"
-if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && "$venv/bin/python" -c "import harness, vllm, llama_cpp" 2>/dev/null; then
+if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && "$venv/bin/python" -c "import harness, vllm, llama_cpp, ray" 2>/dev/null; then
   exit 0
 fi
 python="${PYTHON:-$(command -v python3.11 || command -v python3)}"
@@ -19,7 +19,7 @@ read_list() { "$venv/bin/python" -c "import tomllib,sys; print(' '.join(tomllib.
 # multimodal library the engines do not use; pip caches the wheel, so this build happens once per machine.
 export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON -DLLAVA_BUILD=OFF}"
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
-"${pip[@]}" install -e ".[cpu,vllm,lmdeploy-cpu,llamacpp,test]"
+"${pip[@]}" install -e ".[cpu,vllm,lmdeploy-cpu,llamacpp,ray,test]"
 "${pip[@]}" install --no-deps $(read_list no-deps)
 "${pip[@]}" uninstall -y $(read_list remove-after-install) 2>/dev/null || true
 "$venv/bin/python" -c "import transformers, vllm, lmdeploy.messages, scipy, llama_cpp, harness" 2>/dev/null || { echo "bootstrap: import check failed" >&2; exit 1; }

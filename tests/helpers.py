@@ -55,10 +55,10 @@ def write_scenario(path: Path, text: str) -> Path:
     return path
 
 
-def start_parity_run(scenario: Path, out: Path) -> subprocess.Popen:
+def start_parity_run(scenario: Path, out: Path, *args: str) -> subprocess.Popen:
     """`parity run` in the background, for tests that kill or interrupt something mid-run."""
-    return subprocess.Popen([sys.executable, "-m", "harness", "run", str(scenario), "--out", str(out)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-m", "harness", "run", str(scenario), "--out", str(out), *args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_for(predicate, timeout: float) -> None:

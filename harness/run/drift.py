@@ -33,7 +33,7 @@ def measured(scenario: LoadedScenario) -> dict[str, str]:
     return {name: spec.drift_baseline(name) for name in spec.engines if spec.drift_baseline(name) in spec.engines}
 
 
-def measure(scenario: LoadedScenario, run_dir: Path, results: dict[tuple[str, str], Result], parallel: int,
+def measure(scenario: LoadedScenario, run_dir: Path, results: dict[tuple[str, str], Result], parallel: int | None,
             progress: Progress) -> pd.DataFrame:
     """Run the teacher-forced passes and judge every (case, measured engine); an empty frame when no engine has a
     drift verdict."""

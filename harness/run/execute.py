@@ -7,6 +7,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,10 +19,10 @@ from harness.compare.ending import as_compared, ended_by
 from harness.compare.verdicts import judge
 from harness.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARITY
 from harness.report.summary import write_summary
-from harness.run import drift, invariance
-from harness.run.executor import EngineOutcome, Progress, run_engines
+from harness.run import drift, executors, invariance
+from harness.run.executor import EngineOutcome, Progress, run_plans
 from harness.run.journal import read_engine_info, still_to_run
-from harness.run.plan import EnginePlan, engine_plan, select_engines, unavailable_engines
+from harness.run.plan import EnginePlan, ModelResolver, engine_plan, plan_resources, select_engines, unavailable_engines
 from harness.run.store import (
     EngineMeta,
     RunMeta,
@@ -66,14 +67,15 @@ class RunOutcome:
     drift: pd.DataFrame = field(default_factory=pd.DataFrame)  # quantisation drift verdicts (harness.run.drift)
 
 
-def plan_engines(scenario: LoadedScenario, run_dir: Path, prompt_ids: dict[str, list[int]]) -> list[EnginePlan]:
+def plan_engines(scenario: LoadedScenario, run_dir: Path, prompt_ids: dict[str, list[int]],
+                 resolve: ModelResolver = models.resolve) -> list[EnginePlan]:
     spec = scenario.spec
     check = spec.sampling
     return [engine_plan(scenario, name, run_dir, [
         Request(case_id=c.case_id, prompt_ids=prompt_ids[c.prompt.id],
                 params=_sample_params(c.engine_params[name], check), top_logprobs=spec.top_logprobs,
                 text=c.prompt.text, messages=c.prompt.messages, num_samples=check.samples if check else 1)
-        for c in scenario.cases]) for name in spec.engines]
+        for c in scenario.cases], resolve=resolve) for name in spec.engines]
 
 
 def all_plans(scenario: LoadedScenario, run_dir: Path, prompt_ids: dict[str, list[int]],
@@ -124,41 +126,82 @@ def tokenized(scenario: LoadedScenario) -> tuple[PromptTokenizer, dict[str, list
 
 def execute(scenario: LoadedScenario, out_root: Path, selection: Selection, parallel: int | None,
             progress: Progress, on_start: Callable[[LoadedScenario, Path], None]) -> RunOutcome:
+    return execute_all([scenario], out_root, selection, parallel, progress, on_start)[0]
+
+
+def execute_all(scenarios: list[LoadedScenario], out_root: Path, selection: Selection, parallel: int | None,
+                progress: Progress, on_start: Callable[[LoadedScenario, Path], None]) -> list[RunOutcome]:
+    """Several scenarios as one matrix: every engine run of every scenario goes to the executor at once (on a Ray
+    cluster they run side by side as resources allow), then each scenario's run directory is judged and written
+    as a run of it alone would be. Every scenario is checked (engines, params, prompts) before any run starts."""
     prepare_started = time.perf_counter()
-    scenario, skipped = runnable(scenario, selection)
-    tokenizer, prompt_ids = tokenized(scenario)
-    run_dir = new_run_dir(out_root, scenario.name)
-    meta = RunMeta(run_id=run_dir.name, scenario=str(scenario.path.resolve()), scenario_name=scenario.name,
-                   scenario_text=scenario.path.read_text(), model=scenario.spec.model,
-                   reference=scenario.spec.reference, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                   machine=machine_info(), prompt_ids=prompt_ids, skipped=skipped,
-                   selection=RunSelection(engines=list(scenario.spec.engines), cases=selection.cases,
-                                          allow_missing=selection.allow_missing))
-    with run_lock(run_dir):
-        write_meta(run_dir, meta)
-        on_start(scenario, run_dir)
-        return complete_run(scenario, run_dir, meta, tokenizer, {}, parallel, progress,
-                            time.perf_counter() - prepare_started)
+    ready = []
+    for scenario in scenarios:
+        scenario, skipped = runnable(scenario, selection)
+        executors.current().check({name: plan_resources(scenario, name) for name in scenario.spec.engines})
+        ready.append((scenario, skipped, *tokenized(scenario)))
+    with ExitStack() as locks:
+        pending = []
+        for scenario, skipped, tokenizer, prompt_ids in ready:
+            run_dir = new_run_dir(out_root, scenario.name)
+            meta = RunMeta(run_id=run_dir.name, scenario=str(scenario.path.resolve()), scenario_name=scenario.name,
+                           scenario_text=scenario.path.read_text(), model=scenario.spec.model,
+                           reference=scenario.spec.reference, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                           machine=machine_info(), prompt_ids=prompt_ids, skipped=skipped,
+                           selection=RunSelection(engines=list(scenario.spec.engines), cases=selection.cases,
+                                                  allow_missing=selection.allow_missing))
+            locks.enter_context(run_lock(run_dir))
+            write_meta(run_dir, meta)
+            on_start(scenario, run_dir)
+            pending.append(pending_run(scenario, run_dir, meta, tokenizer, {}, prepare_started))
+        return run_pending(pending, parallel, progress)
 
 
-def complete_run(scenario: LoadedScenario, run_dir: Path, meta: RunMeta, tokenizer: PromptTokenizer,
-                 done: dict[tuple[str, str], Result], parallel: int | None, progress: Progress,
-                 prepare_s: float) -> RunOutcome:
-    """Run every (engine, case) without a result in `done` (all of them for a new run; what an interrupted run
-    left for --resume), then judge all results and write the run directory."""
+@dataclass
+class PendingRun:
+    """A run whose directory and plans exist and whose engines have not run yet (or only partly: --resume)."""
+
+    scenario: LoadedScenario
+    run_dir: Path
+    meta: RunMeta
+    tokenizer: PromptTokenizer
+    done: dict[tuple[str, str], Result]  # results already in hand (a resumed run's journals)
+    plans: list[EnginePlan]
+    checks: list[invariance.Check]
+    prepare_started: float
+
+
+def pending_run(scenario: LoadedScenario, run_dir: Path, meta: RunMeta, tokenizer: PromptTokenizer,
+                done: dict[tuple[str, str], Result], prepare_started: float) -> PendingRun:
+    plans, checks = all_plans(scenario, run_dir, meta.prompt_ids, tokenizer)
+    return PendingRun(scenario, run_dir, meta, tokenizer, done, plans, checks, prepare_started)
+
+
+def run_pending(pending: list[PendingRun], parallel: int | None, progress: Progress) -> list[RunOutcome]:
+    """Run every (engine, case) of the runs without a result in their `done`, on the current executor all at once,
+    then judge each run and write its directory."""
+    to_run = [(run, plan) for run in pending for plan in still_to_run(run.plans, run.done)]
+    labels = [plan.name if len(pending) == 1 else f"{run.scenario.name}/{plan.name}" for run, plan in to_run]
+    started = time.perf_counter()
+    outcomes, interrupted = run_plans([plan for _, plan in to_run], parallel, progress, labels)
+    wall = time.perf_counter() - started
+    by_run: dict[int, dict[str, EngineOutcome]] = {id(run): {} for run in pending}
+    for (run, plan), outcome in zip(to_run, outcomes, strict=True):
+        by_run[id(run)][plan.name] = outcome
+    return [_finish(run, by_run[id(run)], interrupted, started - run.prepare_started, wall, parallel, progress)
+            for run in pending]
+
+
+def _finish(run: PendingRun, outcomes: dict[str, EngineOutcome], interrupted: bool, prepare_s: float, wall: float,
+            parallel: int | None, progress: Progress) -> RunOutcome:
+    """Judge a run's results (those in hand and those just computed) and write its run directory."""
+    scenario, run_dir, plans = run.scenario, run.run_dir, run.plans
     spec = scenario.spec
     ref_path = models.resolve(spec.model, spec.engine_dtype(spec.reference), str(scenario.path))
-    plans, checks = all_plans(scenario, run_dir, meta.prompt_ids, tokenizer)
-    to_run = still_to_run(plans, done)
-    started = time.perf_counter()
-    threads_needed = max(p.threads for p in plans)
-    workers = parallel or max(1, (os.cpu_count() or 1) // threads_needed)
-    outcomes, interrupted = run_engines(to_run, workers, progress)
-    wall = time.perf_counter() - started
     write_started = time.perf_counter()
 
     for plan in plans:  # engines with nothing left to run keep what their first session recorded
-        earlier = {case: r for (name, case), r in done.items() if name == plan.name}
+        earlier = {case: r for (name, case), r in run.done.items() if name == plan.name}
         outcome = outcomes.setdefault(plan.name, EngineOutcome(plan.name, **read_engine_info(plan.workdir)))
         outcome.results = {**earlier, **outcome.results}
     names = list(spec.engines)
@@ -167,10 +210,10 @@ def complete_run(scenario: LoadedScenario, run_dir: Path, meta: RunMeta, tokeniz
     endings = _endings(scenario, ordered, models.eos_token_ids(ref_path))
     compared = {(r.engine, r.case_id): as_compared(r, endings[(r.engine, r.case_id)],
                                                    min(models.eos_token_ids(ref_path), default=None)) for r in ordered}
-    decode = lambda t: tokenizer.decode([t])  # noqa: E731
+    decode = lambda t: run.tokenizer.decode([t])  # noqa: E731
     judged = judge_samples if spec.sampling else judge
     verdicts = pd.DataFrame() if interrupted and not results else judge_all(judged, scenario, compared, decode)
-    knob_rows = pd.DataFrame([row.model_dump() for row in invariance.judge(scenario, checks, results, decode)])
+    knob_rows = pd.DataFrame([row.model_dump() for row in invariance.judge(scenario, run.checks, results, decode)])
     params = {(n, c.case_id): c.engine_params[n].model_dump_json(exclude_none=True)
               for n in names for c in scenario.cases}
     write_parquet(run_dir / "results.parquet", results_frame(ordered, params, endings))
@@ -182,12 +225,12 @@ def complete_run(scenario: LoadedScenario, run_dir: Path, meta: RunMeta, tokeniz
     if not knob_rows.empty:
         write_parquet(run_dir / "invariance.parquet", knob_rows)
     warnings = {n: sorted({w for r in ordered if r.engine == n for w in r.warnings}) for n in names}
-    drifts = pd.DataFrame() if interrupted else drift.measure(scenario, run_dir, results, workers, progress)
+    drifts = pd.DataFrame() if interrupted else drift.measure(scenario, run_dir, results, parallel, progress)
     all_expected = verdicts.empty or bool(verdicts["expected"].all())  # no verdicts: only the reference ran
     all_expected = all_expected and (drifts.empty or bool(drifts["ok"].all()))
     all_expected = all_expected and (knob_rows.empty or bool(knob_rows["expected"].all()))
     exit_code = EXIT_INTERRUPTED if interrupted else EXIT_OK if all_expected else EXIT_PARITY
-    meta = meta.model_copy(update=dict(
+    meta = run.meta.model_copy(update=dict(
         status="interrupted" if interrupted else "finished", wall_s=wall, exit_code=exit_code,
         engines={p.name: engine_meta(p, outcomes[p.name]) for p in plans}, warnings=warnings,
         effective_differences=effective.run_differences(names, ordered),

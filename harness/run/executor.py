@@ -1,4 +1,5 @@
-"""Runs each engine's cases in its own worker process; every result is journaled to disk as it arrives.
+"""Runs each engine's cases in its own worker (a local subprocess or a Ray actor: harness.run.executors); every
+result is journaled to disk, by the driver, as it arrives.
 
 A worker that fails to load, dies, or exceeds its timeout turns the cases it owed into engine-error results.
 The cases after them go to a restarted worker (up to MAX_RESTARTS times), so one bad case does not sink a run.
@@ -13,9 +14,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
+from harness.run import executors
+from harness.run.executors import Executor, Worker
 from harness.run.journal import JOURNAL, save_engine_info
 from harness.run.plan import EnginePlan
-from harness.run.worker_process import WorkerGone, WorkerHandle, WorkerTimeout
+from harness.run.worker_process import WorkerGone, WorkerTimeout
 from harness.types import Request, Result, TraceRequest, TraceResult
 
 MAX_RESTARTS = 2
@@ -41,10 +44,11 @@ Progress = Callable[[str, str], None]  # (engine name, event): "loading" | "read
 
 
 class EngineRun:
-    def __init__(self, plan: EnginePlan, progress: Progress):
-        self.plan, self.progress = plan, progress
+    def __init__(self, plan: EnginePlan, progress: Progress, executor: Executor, label: str):
+        self.plan, self.executor, self.label = plan, executor, label
+        self.progress = lambda event: progress(label, event)
         self.outcome = EngineOutcome(plan.name)
-        self.worker: WorkerHandle | None = None
+        self.worker: Worker | None = None
         self.stopped = threading.Event()
         self.journal = None
         self.result_type = TraceResult if plan.op == "trace" else Result
@@ -53,7 +57,7 @@ class EngineRun:
         self.outcome.results[result.case_id] = result
         self.journal.write(json.dumps(result.model_dump(mode="json")) + "\n")
         self.journal.flush()
-        self.progress(self.plan.name, "case")
+        self.progress("case")
 
     def _fail(self, requests: list[Request], error: str) -> None:
         for request in requests:
@@ -63,10 +67,8 @@ class EngineRun:
 
     def _start_worker(self) -> None:
         plan = self.plan
-        self.progress(plan.name, "loading")
-        self.worker = WorkerHandle(plan.name, plan.python, plan.threads, plan.workdir / "worker.log",
-                                   plan.import_paths)
-        spawned = time.monotonic()
+        self.progress("loading")
+        self.worker = self.executor.worker(plan)
         self.worker.start()
         self.outcome.worker_pids.append(self.worker.pid)
         (plan.workdir / "worker.pid").write_text(str(self.worker.pid))
@@ -79,11 +81,12 @@ class EngineRun:
         self.outcome.load_s.append(message["load_s"])
         if not self.outcome.phases:
             phases = message.get("phases", {})
+            spawned = self.worker.spawned_at  # by the clock of the worker's own machine, as main_at is
             self.outcome.phases = {"process_start_s": phases.get("main_at", spawned) - spawned,
                                    "imports_s": phases.get("imports_s", 0.0), "load_s": phases.get("load_s", 0.0)}
         if plan.op == "generate":  # what a resumed run needs of an engine it does not start again
             save_engine_info(plan.workdir, self.outcome.info())
-        self.progress(plan.name, "ready")
+        self.progress("ready")
 
     def _run_batch(self, batch: list[Request] | list[TraceRequest]) -> None:
         self.worker.send({"op": self.plan.op, "requests": [r.model_dump(mode="json") for r in batch]})
@@ -127,7 +130,7 @@ class EngineRun:
             if self.worker is not None:
                 self.worker.stop()
             self.journal.close()
-            self.progress(self.plan.name, "done")
+            self.progress("done")
         return self.outcome
 
     def _discard_worker(self) -> None:
@@ -142,11 +145,22 @@ class EngineRun:
             self.worker.kill()
 
 
-def run_engines(plans: list[EnginePlan], parallel: int,
+def run_engines(plans: list[EnginePlan], parallel: int | None,
                 progress: Progress) -> tuple[dict[str, EngineOutcome], bool]:
-    """Run all plans, `parallel` engines at a time. Returns the outcomes and whether the user interrupted."""
-    runs = [EngineRun(plan, progress) for plan in plans]
-    pool = ThreadPoolExecutor(max_workers=max(1, parallel))
+    """Run all plans (of one scenario: their names differ), `parallel` engines at a time (None: as the current
+    executor decides). Returns the outcomes by plan name and whether the user interrupted."""
+    outcomes, interrupted = run_plans(plans, parallel, progress, [p.name for p in plans])
+    return {plan.name: outcome for plan, outcome in zip(plans, outcomes, strict=True)}, interrupted
+
+
+def run_plans(plans: list[EnginePlan], parallel: int | None, progress: Progress,
+              labels: list[str]) -> tuple[list[EngineOutcome], bool]:
+    """Run plans of one or several scenarios on the current executor; each reports progress under its label.
+    Returns the outcomes in plan order and whether the user interrupted."""
+    executor = executors.current()
+    executor.check({plan.name: plan.resources for plan in plans})
+    runs = [EngineRun(plan, progress, executor, label) for plan, label in zip(plans, labels, strict=True)]
+    pool = ThreadPoolExecutor(max_workers=max(1, parallel or executor.parallel(plans)))
     futures = [pool.submit(run.run) for run in runs]
     interrupted = False
     try:
@@ -161,4 +175,4 @@ def run_engines(plans: list[EnginePlan], parallel: int,
     for future in futures:
         if future.done() and not future.cancelled() and future.exception() is not None:
             raise future.exception()
-    return {run.plan.name: run.outcome for run in runs}, interrupted
+    return [run.outcome for run in runs], interrupted

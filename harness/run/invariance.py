@@ -17,8 +17,9 @@ from typing import Any
 
 from adapters import registry
 from adapters.contract import Knob
+from harness import models
 from harness.compare.invariance import InvarianceRow, control_expected, judge_pair, judge_samples
-from harness.run.plan import EnginePlan, engine_plan
+from harness.run.plan import EnginePlan, ModelResolver, engine_plan
 from harness.scenario.spec import LoadedScenario
 from harness.scenario.vocabulary import SamplingParams
 from harness.types import Request, Result
@@ -66,8 +67,8 @@ class Check:
     exclusive: set[str] = field(default_factory=set)  # configurations that exist only for this check
 
 
-def plan(scenario: LoadedScenario, base_plans: list[EnginePlan], run_dir: Path, prefix_ids: list[int]
-         ) -> tuple[list[EnginePlan], list[Check]]:
+def plan(scenario: LoadedScenario, base_plans: list[EnginePlan], run_dir: Path, prefix_ids: list[int],
+         resolve: ModelResolver = models.resolve) -> tuple[list[EnginePlan], list[Check]]:
     """The run's plans with the invariance work added (the base configurations keep their comparison batches
     first), and the checks to judge once the results are in."""
     spec = scenario.spec
@@ -107,7 +108,7 @@ def plan(scenario: LoadedScenario, base_plans: list[EnginePlan], run_dir: Path, 
         engine = config.split("~", 1)[0]
         options = {**spec.engines[engine].options, **overrides_of[config]}
         requests = [r for g in groups for r in g]
-        extra = engine_plan(scenario, engine, run_dir, requests, plan_name=config, options=options)
+        extra = engine_plan(scenario, engine, run_dir, requests, plan_name=config, options=options, resolve=resolve)
         out.append(replace(extra, groups=groups))
     return out, checks
 

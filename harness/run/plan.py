@@ -3,6 +3,7 @@ that cannot run here is reported. A plan is all a worker needs; it knows nothing
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -10,6 +11,7 @@ from typing import Any, Literal
 from adapters import registry
 from harness import models
 from harness.errors import ConfigError, EngineUnavailable
+from harness.run.resources import ActorResources, engine_resources
 from harness.scenario.spec import LoadedScenario
 from harness.types import EngineSetup, Request, TraceRequest
 
@@ -36,6 +38,9 @@ class EnginePlan:
     # requests in explicit groups, each sent to the engine in one call (a batch, or concurrent requests to a
     # server); unset: `requests` in chunks of batch_size
     groups: list[list[Request]] | None = None
+    model: str = ""  # the scenario's model: (a name or a path): what a Ray node resolves for itself
+    model_shared: bool = False  # a model path every node mounts
+    resources: ActorResources = field(default_factory=ActorResources)
 
     def batches(self) -> list[list[Request] | list[TraceRequest]]:
         if self.groups is not None:
@@ -55,11 +60,15 @@ class EnginePlan:
         return self.setup.dtype
 
 
+ModelResolver = Callable[[str, str, str], Path]  # (model, dtype, origin) -> its folder; models.resolve
+
+
 def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: list, op: Op = "generate",
                 dtype: str | None = None, plan_name: str | None = None,
-                options: dict[str, Any] | None = None) -> EnginePlan:
+                options: dict[str, Any] | None = None, resolve: ModelResolver = models.resolve) -> EnginePlan:
     """The plan for one engine of a scenario; dtype, plan_name and options override the scenario's (a noise-floor
-    run, another configuration of the engine)."""
+    run, another configuration of the engine). `resolve` finds the model's folder (`parity run --plan` plans a
+    cluster's work without one)."""
     spec, engine = scenario.spec, scenario.spec.engines[name]
     description = registry.describe(engine.engine)
     dtype = dtype or spec.engine_dtype(name)
@@ -67,7 +76,7 @@ def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: li
     options = engine.options if options is None else options
     code = description.sampling_code(options)
     longest = max((_context(r) for r in requests), default=None)
-    setup = EngineSetup(name=plan_name, model_path=models.resolve(spec.model, dtype, str(scenario.path)),
+    setup = EngineSetup(name=plan_name, model_path=resolve(spec.model, dtype, str(scenario.path)),
                         dtype=dtype, options=options, workdir=run_dir / "engines" / plan_name,
                         trace=op == "trace", max_context=longest)
     timeouts = spec.engine_timeouts(name)
@@ -76,7 +85,15 @@ def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: li
                       sampling={"module": code.module, "kwargs": code.kwargs} if code else None, setup=setup,
                       python=engine.python, threads=spec.engine_threads(name), batch_size=engine.batch_size,
                       requests=requests, load_timeout=timeouts.load, case_timeout=timeouts.case, op=op,
-                      import_paths=[str(scenario.path.parent.resolve())])
+                      import_paths=[str(scenario.path.parent.resolve())], model=spec.model,
+                      model_shared=spec.model_shared, resources=plan_resources(scenario, name, options))
+
+
+def plan_resources(scenario: LoadedScenario, name: str, options: dict[str, Any] | None = None) -> ActorResources:
+    """What one of the scenario's engines asks a Ray cluster for (options: another configuration's)."""
+    engine = scenario.spec.engines[name]
+    needs_cuda = registry.describe(engine.engine).needs_cuda(engine.options if options is None else options)
+    return engine_resources(scenario.spec.engine_threads(name), needs_cuda, engine.resources)
 
 
 def _context(request: Request | TraceRequest) -> int:

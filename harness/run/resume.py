@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.errors import ConfigError
-from harness.run.execute import RunOutcome, Selection, all_plans, complete_run, runnable, tokenized
+from harness.run.execute import RunOutcome, Selection, all_plans, pending_run, run_pending, runnable, tokenized
 from harness.run.executor import Progress
 from harness.run.journal import JOURNAL, read_journal, reusable, rewrite_journal
 from harness.run.store import read_meta, run_lock, write_meta
@@ -47,5 +47,5 @@ def resume(run_dir: Path, parallel: int | None, progress: Progress,
                                        "resumed": [*meta.resumed, time.strftime("%Y-%m-%dT%H:%M:%S%z")]})
         write_meta(run_dir, meta)
         on_start(scenario, run_dir, len(done), damaged)
-        return complete_run(scenario, run_dir, meta, tokenizer, done, parallel, progress,
-                            time.perf_counter() - prepare_started)
+        return run_pending([pending_run(scenario, run_dir, meta, tokenizer, done, prepare_started)], parallel,
+                           progress)[0]

@@ -44,12 +44,14 @@ class WorkerHandle:
         self.python = python or sys.executable
         self.threads, self.import_paths = threads, list(import_paths)
         self.process: subprocess.Popen | None = None
+        self.spawned_at: float | None = None  # time.monotonic() when the process was spawned
         self.messages: queue.Queue = queue.Queue()
 
     def start(self) -> None:
         # The protocol pipe is the worker's stdout; the worker moves engine prints to stderr (the log).
         self.log = open(self.log_path, "ab")
         read_fd, write_fd = os.pipe()
+        self.spawned_at = time.monotonic()
         self.process = subprocess.Popen([self.python, "-m", "harness.run.worker"], stdin=subprocess.PIPE,
                                         stdout=write_fd, stderr=self.log, cwd=PROJECT_ROOT, text=True,
                                         env=worker_env(self.threads, self.import_paths), start_new_session=True)

@@ -92,6 +92,17 @@ class DriftSpec(Strict):
     max_ln_ppl_ratio: float | None = Field(None, gt=0)
 
 
+class Resources(Strict):
+    """What an engine's Ray actor asks the cluster for (--executor ray). Unset: cpus = its threads, gpus = 1 for an
+    engine that needs CUDA, memory unreserved. `custom` names Ray custom resources (a node label such as
+    {"H100": 1}, or anything `ray start --resources` declared). The local executor ignores this block."""
+
+    cpus: float | None = Field(None, gt=0)
+    gpus: float | None = Field(None, ge=0)
+    memory_gb: float | None = Field(None, gt=0)
+    custom: dict[str, float] = Field(default_factory=dict)
+
+
 class EngineSpec(Strict):
     engine: str
     reference: bool = False
@@ -105,6 +116,7 @@ class EngineSpec(Strict):
     timeouts: Timeouts | None = None
     invariance: list[KnobName] | None = None  # this engine's knobs, instead of invariance.knobs
     drift: DriftSpec | None = None
+    resources: Resources | None = None
 
 
 class PromptSpec(Strict):
@@ -126,6 +138,9 @@ class Scenario(Strict):
     name: str | None = None
     description: str = ""
     model: str
+    # model: is a path on storage every node of a Ray cluster mounts (--executor ray); a named model is prepared on
+    # each node instead, and a path not marked shared is refused on a remote cluster
+    model_shared: bool = False
     dtype: Dtype = "float32"
     threads: int = Field(1, ge=1, description="OMP threads per engine worker")
     top_logprobs: int = Field(5, ge=1, le=20)
@@ -235,19 +250,6 @@ class LoadedScenario:
         return replace(self, spec=self.spec.model_copy(update={"engines": engines}))
 
 
-def _format_pydantic_error(source: YamlSource, exc: ValidationError, prefix: tuple = ()) -> Exception:
-    # For `str | PromptSpec` unions pydantic reports both branches; the PromptSpec one is the useful one.
-    err = sorted(exc.errors(), key=lambda e: e["type"] == "string_type")[0]
-    loc = prefix + tuple(p for p in err["loc"] if not (isinstance(p, str) and p in ("str", "PromptSpec")))
-    message = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        message = "unknown key: remove it or check its spelling"
-    elif err["type"] == "missing":
-        message = "required key is missing: add it"
-    more = f" (and {len(exc.errors()) - 1} more problem(s))" if len(exc.errors()) > 1 else ""
-    return source.error(loc, message + more)
-
-
 def _expand_file_prompts(source: YamlSource, index: int, prompt: PromptSpec) -> list[PromptSpec]:
     path = (source.path.parent / prompt.file).resolve()
     if not path.exists():
@@ -293,7 +295,7 @@ def _check_engines(source: YamlSource, spec: Scenario) -> None:
         except ConfigError as exc:
             raise source.error(("engines", name, "engine"), exc.message) from None
         except ValidationError as exc:
-            raise _format_pydantic_error(source, exc, ("engines", name, "options")) from None
+            raise source.validation_error(exc, ("engines", name, "options")) from None
         _check_drift(source, spec, name)
         problem = description.dtype_problem(spec.engine_dtype(name), engine.options)
         if problem:
@@ -339,7 +341,7 @@ def load(path: str | Path, text: str | None = None) -> LoadedScenario:
     try:
         spec = Scenario(**source.data)
     except ValidationError as exc:
-        raise _format_pydantic_error(source, exc) from None
+        raise source.validation_error(exc) from None
     _check_engines(source, spec)
     prompts = _prompts(source, spec)
     points = math.prod(len(values) for values in spec.grid.values())
@@ -358,7 +360,7 @@ def load(path: str | Path, text: str | None = None) -> LoadedScenario:
                     per_engine[name] = SamplingParams(**{**base, **point, **engine.params})
                 except ValidationError as exc:
                     where = ("engines", name, "params") if engine.params else ("grid",)
-                    raise _format_pydantic_error(source, exc, where) from None
+                    raise source.validation_error(exc, where) from None
             case_id = f"{prompt.id}[{suffix}]" if suffix else prompt.id
             _check_beam_case(source, spec, case_id, per_engine)
             cases.append(Case(case_id, prompt, per_engine))

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from harness.errors import ConfigError
 
@@ -71,6 +72,20 @@ class YamlSource:
         where = f"{self.path}:{line}" if line else str(self.path)
         path = ".".join(str(p) for p in loc)
         return ConfigError(f"{where}: {path}: {message}" if path else f"{where}: {message}")
+
+
+    def validation_error(self, exc: ValidationError, prefix: tuple = ()) -> ConfigError:
+        """The first problem pydantic found, as file:line: key.path: what to do."""
+        # For `str | PromptSpec` unions pydantic reports both branches; the PromptSpec one is the useful one.
+        err = sorted(exc.errors(), key=lambda e: e["type"] == "string_type")[0]
+        loc = prefix + tuple(p for p in err["loc"] if not (isinstance(p, str) and p in ("str", "PromptSpec")))
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = "unknown key: remove it or check its spelling"
+        elif err["type"] == "missing":
+            message = "required key is missing: add it"
+        more = f" (and {len(exc.errors()) - 1} more problem(s))" if len(exc.errors()) > 1 else ""
+        return self.error(loc, message + more)
 
 
 def _read(path: Path) -> str:
