@@ -121,6 +121,14 @@ def translate(params: SamplingParams, top_logprobs: int = 5) -> Translation:
     return Translation(native_params=native, warnings=greedy_ignored(params))
 
 
+def speculative_not_applied(params: SamplingParams, speculative: dict[str, Any] | None) -> list[str]:
+    """With speculative decoding on, vLLM builds no min_p processor (vllm/v1/sample/logits_processor: it only logs
+    "min_p and logit_bias parameters won't work with speculative decoding"), so a sampled request's min_p is dropped."""
+    if not speculative or params.greedy or not params.min_p:
+        return []
+    return [f"min_p={params.min_p} NOT APPLIED: vLLM ignores min_p when speculative decoding is on"]
+
+
 class Engine:
     def __init__(self, setup: EngineSetup):
         self.name, self.options, self.dtype, self.workdir = setup.name, Options(**setup.options), setup.dtype, \
@@ -183,7 +191,9 @@ class Engine:
         return {"vllm": vllm.__version__, "torch": torch.__version__}
 
     def translate(self, params: SamplingParams, top_logprobs: int) -> Translation:
-        return translate(params, top_logprobs)
+        translation = translate(params, top_logprobs)
+        translation.warnings.extend(speculative_not_applied(params, self.options.speculative))
+        return translation
 
     def generate(self, requests: list[Request]) -> Iterator[Result]:
         from vllm import SamplingParams as VllmSamplingParams

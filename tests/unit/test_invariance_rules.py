@@ -90,3 +90,26 @@ def test_a_sampled_baseline_that_drew_below_its_top_1_is_never_a_near_tie() -> N
     verdict = judge_pair([drawn], [top], str)
     assert verdict["verdict"] == "diverged" and "a real difference" in verdict["explanation"]
     assert "2.9 nats above the token it drew" in verdict["explanation"]
+
+
+def test_a_warning_only_the_variant_carries_is_named_as_a_likely_cause() -> None:
+    dropped = "min_p=0.1 NOT APPLIED: vLLM ignores min_p when speculative decoding is on"
+    variant = [r.model_copy(update={"warnings": [dropped]}) for r in BASE]
+    verdict = judge_pair(BASE, variant, str)
+    assert verdict["verdict"] == "identical" and verdict["explanation"].endswith(f"only the variant warns: {dropped}")
+    rng = random.Random(1)
+    draws = [[rng.choice([5, 6])] for _ in range(200)]
+    sampled = judge_samples([result("a", [5], [], [], [], draws)],
+                            [result("a", [5], [], [], [], draws).model_copy(update={"warnings": [dropped]})], 1, 0.01)
+    assert sampled["explanation"].endswith(f"only the variant warns: {dropped}")
+
+
+def test_vllm_drops_min_p_under_speculative_decoding_and_says_so() -> None:
+    from adapters.engines.vllm_offline import NGRAM, speculative_not_applied
+    from harness.scenario.spec import SamplingParams
+
+    sampled = SamplingParams(temperature=1.0, min_p=0.1)
+    assert speculative_not_applied(sampled, NGRAM) == [
+        "min_p=0.1 NOT APPLIED: vLLM ignores min_p when speculative decoding is on"]
+    assert speculative_not_applied(sampled, None) == []
+    assert speculative_not_applied(SamplingParams(temperature=0, min_p=0.1), NGRAM) == []  # greedy: min_p moot
