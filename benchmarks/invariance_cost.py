@@ -95,10 +95,10 @@ def plain_groups(plan) -> list[list[dict]]:
             for group in plan.batches()]
 
 
-def timed(cmd: list[str], env: dict[str, str]) -> float:
+def timed(cmd: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)) -> float:
     started = time.monotonic()
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode != 0:
+    if proc.returncode not in ok:
         sys.exit(f"{cmd[:3]} exited {proc.returncode}: {proc.stderr[-1500:]}")
     return time.monotonic() - started
 
@@ -141,8 +141,9 @@ def main() -> None:
         plans, _ = invariance.plan(scenario, plan_engines(scenario, Path(tmp), prompt_ids), Path(tmp),
                                    tokenizer.encode(invariance.SHARED_PREFIX))
         started = time.monotonic()
+        # exit 1 is this scenario's finding (the vLLM server's repeat is not bitwise identical), not a failure
         timed([sys.executable, "-m", "harness", "run", str(SCENARIO), "--out", str(Path(tmp) / "reports")],
-              dict(os.environ))
+              dict(os.environ), ok=(0, 1))
         parity = time.monotonic() - started
         plain, parts = 0.0, []
         for plan in plans:

@@ -155,7 +155,7 @@ def main() -> None:
                 order = ("plain", "parity") if i % 2 == 0 else ("parity", "plain")
                 for side in order:
                     if mode == "cold":
-                        empty_caches(effective_cache, plain_cache)
+                        empty_caches(effective_cache, plain_cache, models.cache_root() / "compile")
                     row = plain(model_path, prompt_ids, max_new, plain_cache) if side == "plain" else \
                         parity(Path(tmp) / f"{mode}-{i}")
                     rows[side].append(row)

@@ -24,6 +24,7 @@ from adapters.contract import (
     request_knobs,
 )
 from adapters.tracing.capture import Capture, run_traces
+from harness.models.catalog import cache_root
 from harness.scenario.vocabulary import SamplingParams
 from harness.types import Beam, EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
 
@@ -67,15 +68,17 @@ def socket_dir(workdir: Path) -> Path:
 
 
 def engine_env(workdir: Path, options: Options, sockets: Path) -> dict[str, str]:
-    """Environment vLLM reads at import time; caches (and sockets, where the path allows) stay in the run dir."""
-    cache = workdir / "cache"
+    """Environment vLLM reads at import time. Temporary files (and sockets, where the path allows) stay in the run
+    dir; compile caches are shared by runs under $LLM_PARITY_CACHE/compile, as vLLM's own ~/.cache/vllm would be (a
+    cache in the run dir made every run a cold start)."""
+    cache, compiled = workdir / "cache", cache_root() / "compile"
     return {
         "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(options.kv_cache_gib))),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if options.multiprocessing else "0",
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # threads come from OMP_NUM_THREADS, set by the harness
-        "VLLM_CACHE_ROOT": str(cache / "vllm"),
-        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-        "XDG_CACHE_HOME": str(cache),
+        "VLLM_CACHE_ROOT": str(compiled / "vllm"),
+        "TORCHINDUCTOR_CACHE_DIR": str(compiled / "inductor"),
+        "XDG_CACHE_HOME": str(compiled / "xdg"),
         "VLLM_RPC_BASE_PATH": str(sockets),
         "TMPDIR": str(cache / "tmp"),
         "VLLM_NO_USAGE_STATS": "1",

@@ -1,6 +1,6 @@
 """`parity run --resume`: a real run is interrupted at several points (Ctrl-C; SIGKILL of the harness, of a worker,
-of the vLLM server it started), then resumed in its directory. Journaled results are reused, not recomputed, and the
-run ends with the content of a run that was never interrupted."""
+of the server it started: llama.cpp's, which starts in seconds), then resumed in its directory. Journaled results are
+reused, not recomputed, and the run ends with the content of a run that was never interrupted."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ name: served
 model: tiny-llama
 engines:
   hf: {engine: hf, reference: true}
-  served: {engine: vllm-server, options: {concurrency: 1, retries: 1}}
+  served: {engine: llama.cpp-server, options: {concurrency: 1, retries: 1}, expect: {tokens: any}}
 prompts: ["one", "two", "three", "four"]
 params: {temperature: 0, max_new_tokens: 64, ignore_eos: true}
 """
