@@ -20,6 +20,7 @@ from harness.errors import ConfigError, EngineUnavailable
 from harness.run.plan import EnginePlan
 from harness.run.ray_host import GONE, TIMEOUT, EngineHost, parity_version
 from harness.run.resources import ActorResources, fits
+from harness.run.store import write_json
 from harness.run.worker_process import WorkerGone, WorkerTimeout
 
 CHUNK = 16 * 1024 * 1024  # traces and logs are copied from a node in pieces of this size, never whole in memory
@@ -233,7 +234,7 @@ class RayWorker:
         self.plan.workdir.mkdir(parents=True, exist_ok=True)
         path = self.plan.workdir / "actor.json"
         earlier = json.loads(path.read_text()) if path.exists() else []
-        path.write_text(json.dumps([*earlier, {**info, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}], indent=1))
+        write_json(path, [*earlier, {**info, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}])
 
     def _call(self, ref, timeout: float | None) -> Any:
         """The value of an actor call; the actor's death is WorkerGone (with Ray's reason), no answer in time is
