@@ -9,11 +9,13 @@ harness's own run, so both sides send identical bytes), 8 in flight, which is wh
 harness's two workers running side by side with 4 each.
 
 Both sides are timed from outside (wall and CPU of the process tree) and broken into phases: process start and
-imports, requests, and for the harness its workers' start, effective params and writing results. Repeats are
+imports, requests, and for the harness its workers' start, effective params (how long results waited for them:
+they are computed while the engine generates) and writing results. Repeats are
 interleaved, medians and spread printed, cold (the harness's effective-params cache emptied before each repeat:
-the `openai` engine in the vllm dialect then runs vLLM's own sampling code once per engine) and warm.
+the `openai` engines in the vllm dialect then run vLLM's own sampling code, once for both) and warm.
 
 Usage: python benchmarks/server_overhead.py [--prompts 16] [--tokens 64] [--repeats 3] [--modes cold,warm]
+       [--url URL: a running server of SmolLM2 fp32 named `served` instead of starting one]
 Targets (issue 13): <= 1.1x warm, <= 1.25x cold (medians).
 """
 
@@ -109,51 +111,59 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):6.1f} s (min {min(values):.1f}, max {max(values):.1f})"
 
 
+def measure(args: argparse.Namespace, url: str, tmp: Path, effective_cache: Path) -> None:
+    prompts = "\n".join(f'  - {{id: p{i}, text: "Write a few sentences about {TOPICS[i % len(TOPICS)]}, '
+                        f'part {i}."}}' for i in range(args.prompts))
+    scenario = tmp / "server-overhead.yaml"
+    scenario.write_text(SCENARIO.format(url=url, prompts=prompts, tokens=args.tokens))
+    bodies = bodies_of(scenario, tmp)
+    for mode in args.modes.split(","):
+        rows: dict[str, list[dict]] = {"plain": [], "parity": []}
+        for i in range(args.repeats):
+            for side in (("plain", "parity") if i % 2 == 0 else ("parity", "plain")):
+                if mode == "cold":
+                    shutil.rmtree(effective_cache, ignore_errors=True)
+                row = plain(url, bodies) if side == "plain" else \
+                    parity(scenario, tmp / f"{mode}-{i}")
+                rows[side].append(row)
+                print(f"{mode} repeat {i + 1} {side:6}: wall {row['wall_s']:.1f} s, cpu {row['cpu_s']:.1f} s",
+                      flush=True)
+        p, h = rows["plain"], rows["parity"]
+        ratio = statistics.median(r["wall_s"] for r in h) / statistics.median(r["wall_s"] for r in p)
+        target = 1.1 if mode == "warm" else 1.25
+        print(f"\n== {mode}: medians of {args.repeats}, {len(bodies)} requests of {args.tokens} tokens ==")
+        print(f"plain  wall {spread([r['wall_s'] for r in p])}, cpu {spread([r['cpu_s'] for r in p])}")
+        print(f"parity wall {spread([r['wall_s'] for r in h])}, cpu {spread([r['cpu_s'] for r in h])}")
+        print(f"ratio parity/plain: wall {ratio:.2f}x (target <= {target})")
+        for name, side in (("plain", p), ("parity", h)):
+            keys = side[0]["phases"]
+            print(f"  {name:6} " + ", ".join(f"{k.removesuffix('_s')} "
+                                             f"{statistics.median(r['phases'][k] for r in side):.1f}"
+                                             for k in keys))
+        print(flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--modes", default="cold,warm")
+    parser.add_argument("--url", help="attach to this server (SmolLM2 fp32, --served-model-name served)")
     args = parser.parse_args()
     model_path = models.resolve("smollm2-135m", "float32")
     load_tokenizer(model_path)
     effective_cache = models.cache_root() / "effective"
     with tempfile.TemporaryDirectory() as tmp:
+        if args.url:
+            measure(args, args.url, Path(tmp), effective_cache)
+            return
         setup = EngineSetup(name="server", model_path=model_path, dtype="float32", workdir=Path(tmp), max_context=256,
                             options={"extra_args": ["--served-model-name", "served"]})
         print("starting the vLLM server (outside both timings)...", flush=True)
         server = VllmServer(setup)
         try:
-            prompts = "\n".join(f'  - {{id: p{i}, text: "Write a few sentences about {TOPICS[i % len(TOPICS)]}, '
-                                f'part {i}."}}' for i in range(args.prompts))
-            scenario = Path(tmp) / "server-overhead.yaml"
-            scenario.write_text(SCENARIO.format(url=server.base_url, prompts=prompts, tokens=args.tokens))
-            bodies = bodies_of(scenario, Path(tmp))
-            for mode in args.modes.split(","):
-                rows: dict[str, list[dict]] = {"plain": [], "parity": []}
-                for i in range(args.repeats):
-                    for side in (("plain", "parity") if i % 2 == 0 else ("parity", "plain")):
-                        if mode == "cold":
-                            shutil.rmtree(effective_cache, ignore_errors=True)
-                        row = plain(server.base_url, bodies) if side == "plain" else \
-                            parity(scenario, Path(tmp) / f"{mode}-{i}")
-                        rows[side].append(row)
-                        print(f"{mode} repeat {i + 1} {side:6}: wall {row['wall_s']:.1f} s, cpu {row['cpu_s']:.1f} s",
-                              flush=True)
-                p, h = rows["plain"], rows["parity"]
-                ratio = statistics.median(r["wall_s"] for r in h) / statistics.median(r["wall_s"] for r in p)
-                target = 1.1 if mode == "warm" else 1.25
-                print(f"\n== {mode}: medians of {args.repeats}, {len(bodies)} requests of {args.tokens} tokens ==")
-                print(f"plain  wall {spread([r['wall_s'] for r in p])}, cpu {spread([r['cpu_s'] for r in p])}")
-                print(f"parity wall {spread([r['wall_s'] for r in h])}, cpu {spread([r['cpu_s'] for r in h])}")
-                print(f"ratio parity/plain: wall {ratio:.2f}x (target <= {target})")
-                for name, side in (("plain", p), ("parity", h)):
-                    keys = side[0]["phases"]
-                    print(f"  {name:6} " + ", ".join(f"{k.removesuffix('_s')} "
-                                                     f"{statistics.median(r['phases'][k] for r in side):.1f}"
-                                                     for k in keys))
-                print(flush=True)
+            measure(args, server.base_url, Path(tmp), effective_cache)
         finally:
             server.close()
 

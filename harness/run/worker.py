@@ -85,12 +85,13 @@ class Worker:
         done: set[str] = set()
         try:
             params = {r.case_id: r.params for r in requests if op == "generate"}
+            effective = self.effective(list(params.values()))
             for result in getattr(self.engine, op)(requests):
                 done.add(result.case_id)
-                if result.case_id in params and result.status == "ok":
+                if effective is not None and result.case_id in params and result.status == "ok":
                     before = time.monotonic()
-                    result.effective = self.effective(params[result.case_id])
-                    result.timings["effective_s"] = time.monotonic() - before
+                    result.effective = effective.get(params[result.case_id])
+                    result.timings["effective_s"] = time.monotonic() - before  # the wait: what its path pays
                 send(self.protocol, {"event": "result", "result": result.model_dump(mode="json")})
         except Exception as exc:  # a failing batch becomes per-case errors; the worker stays up
             traceback.print_exc()
@@ -100,16 +101,16 @@ class Worker:
                                          "error": short_error(exc)})
         send(self.protocol, {"event": "batch_done"})
 
-    def effective(self, params: Any) -> dict[str, Any]:
-        """What the engine's own sampling code makes of these params (cached on disk per engine version, model
-        and params; computed here only when the cache has no answer)."""
-        from adapters.sampling.effective_cache import effective_for
+    def effective(self, params: list[Any]) -> Any:
+        """What the engine's own sampling code makes of these params, computed in the background while the engine
+        generates (cached on disk per engine version, model and params); None for an engine without sampling code."""
+        from adapters.sampling.effective_cache import InBackground
 
         code = self.load_message.get("sampling")
         setup = self.load_message["setup"]
-        if code is None:
-            return {}
-        return effective_for(code["module"], code["kwargs"], setup["model_path"], setup["dtype"], params)
+        if code is None or not params:
+            return None
+        return InBackground(code["module"], code["kwargs"], setup["model_path"], setup["dtype"], params)
 
 
 def main() -> int:

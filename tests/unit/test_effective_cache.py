@@ -1,0 +1,58 @@
+"""Effective params are computed once per answer, off the results' path: the disk cache, its lock across processes
+and the background computation a worker starts when a batch arrives."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from adapters.sampling.effective_cache import InBackground, effective_for
+from harness import PROJECT_ROOT
+from harness.scenario.vocabulary import SamplingParams
+
+MODULE = "tests.unit.slow_sampling_code"
+ASK = ("from adapters.sampling.effective_cache import effective_for;"
+       "from harness.scenario.vocabulary import SamplingParams;"
+       "effective_for('tests.unit.slow_sampling_code', {{}}, '{model}', 'float32', SamplingParams(temperature=0.5))")
+
+
+@pytest.fixture
+def isolated(tmp_path: Path, monkeypatch) -> Path:
+    monkeypatch.setenv("LLM_PARITY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("COUNT_FILE", str(tmp_path / "count"))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "generation_config.json").write_text('{"top_k": 20}')
+    return tmp_path
+
+
+def computations(tmp: Path) -> int:
+    count = tmp / "count"
+    return len(count.read_text().splitlines()) if count.exists() else 0
+
+
+def test_two_processes_asking_at_once_compute_the_answer_once(isolated: Path):
+    ask = [sys.executable, "-c", ASK.format(model=isolated / "model")]
+    procs = [subprocess.Popen(ask, cwd=PROJECT_ROOT) for _ in range(2)]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    assert computations(isolated) == 1
+
+
+def test_background_answers_match_and_the_caller_is_not_held(isolated: Path):
+    params = [SamplingParams(temperature=0.5), SamplingParams(temperature=0.5), SamplingParams(temperature=0.9)]
+    started = time.monotonic()
+    background = InBackground(MODULE, {}, str(isolated / "model"), "float32", params)
+    assert time.monotonic() - started < 0.5  # the computation runs in its thread
+    answers = [background.get(p) for p in params]
+    assert computations(isolated) == 2  # once per distinct params
+    assert answers[0] == answers[1] == effective_for(MODULE, {}, str(isolated / "model"), "float32", params[0])
+    assert answers[2]["temperature"] == 0.9 and computations(isolated) == 2  # the last call came from the cache
+
+
+def test_a_failing_sampling_code_is_a_note_not_an_error(isolated: Path):
+    answer = InBackground("no_such_sampling_module", {}, str(isolated / "model"), "float32",
+                          [SamplingParams()]).get(SamplingParams())
+    assert answer["notes"][0].startswith("effective params not computed: ModuleNotFoundError")
