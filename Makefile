@@ -1,5 +1,7 @@
 # The two commands of the README, plus the fast tier. Each creates .venv on first use (scripts/bootstrap.sh).
 VENV ?= .venv
+# pytest processes for `make test` (by file: a module's shared engine runs stay in one process); 0 = all in one process
+TEST_WORKERS ?= 2
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: quickstart test test-fast lint env
@@ -14,7 +16,7 @@ test: env
 	scripts/ensure_chromium.sh
 	parity models prepare
 	ruff check .
-	python -m pytest -q -p no:cacheprovider --durations=25 $(PYTEST_ARGS)
+	python -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 ## Fast tier: pure logic (verdict rules, noise floor, localisation, tables, validation, rendering), no engine loads.
 test-fast: env
