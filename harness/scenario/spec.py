@@ -111,7 +111,8 @@ class EngineSpec(Strict):
     dtype: Dtype | None = None
     python: str | None = None
     threads: int | None = Field(None, ge=1)
-    batch_size: int = Field(8, ge=1, description="cases sent to the worker at once")
+    batch_size: int | None = Field(None, ge=1, description="cases sent to the worker at once (default 8, or 64 "
+                                   "for a server: it keeps `concurrency` requests in flight across them)")
     expect: Expectation | None = None
     timeouts: Timeouts | None = None
     invariance: list[KnobName] | None = None  # this engine's knobs, instead of invariance.knobs

@@ -1,0 +1,29 @@
+"""How many cases a worker is sent at once: small batches for in-process engines, large ones for a server's client
+(it keeps `concurrency` requests in flight only within a batch), the scenario's batch_size above both."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.run.plan import BATCH, SERVER_BATCH, engine_plan
+from harness.scenario.spec import load
+
+from helpers import write_scenario
+
+SCENARIO = """\
+name: batches
+model: smollm2-135m
+engines:
+  hf: {engine: hf, reference: true}
+  server: {engine: openai, options: {url: "http://127.0.0.1:9/v1", dialect: vllm}}
+  small: {engine: openai, batch_size: 2, options: {url: "http://127.0.0.1:9/v1", dialect: vllm}}
+prompts: [{id: p, text: "Hello"}]
+params: {temperature: 0, max_new_tokens: 4}
+"""
+
+
+def test_servers_get_large_batches_unless_the_scenario_says(tmp_path: Path) -> None:
+    scenario = load(write_scenario(tmp_path / "s.yaml", SCENARIO))
+    sizes = {name: engine_plan(scenario, name, tmp_path, [], resolve=lambda *_: tmp_path).batch_size
+             for name in ("hf", "server", "small")}
+    assert sizes == {"hf": BATCH, "server": SERVER_BATCH, "small": 2}
