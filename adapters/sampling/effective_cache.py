@@ -13,8 +13,10 @@ import hashlib
 import importlib
 import json
 import os
+import subprocess
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from importlib import metadata
@@ -22,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.scenario.vocabulary import SamplingParams
+
+CHILD_TIMEOUT_S = 600  # a sampling-code process that answers nothing in this long is abandoned (a note)
 
 
 def _cache_dir() -> Path:
@@ -60,13 +64,33 @@ def _exclusive(path: Path) -> Iterator[None]:
         yield
 
 
+def _entry(module_name: str, kwargs: dict[str, Any], model_path: str, dtype: str,
+           params: SamplingParams) -> tuple[Any, Path]:
+    module = importlib.import_module(module_name)
+    return module, _cache_dir() / f"{cache_key(module, kwargs, model_path, dtype, params)}.json"
+
+
+def _not_computed(exc: BaseException | str) -> dict[str, Any]:
+    what = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+    return {"notes": [f"effective params not computed: {' '.join(what.split())[:400]}"]}
+
+
+def cached(module_name: str, kwargs: dict[str, Any], model_path: str, dtype: str,
+           params: SamplingParams) -> dict[str, Any] | None:
+    """The cached answer, or None (also when the sampling module cannot be imported: the caller computes)."""
+    try:
+        path = _entry(module_name, kwargs, model_path, dtype, params)[1]
+        return json.loads(path.read_text()) if path.exists() else None
+    except Exception:  # unreadable entry or module: computing it again says what is wrong
+        return None
+
+
 def effective_for(module_name: str, kwargs: dict[str, Any], model_path: str, dtype: str,
                   params: SamplingParams) -> dict[str, Any]:
     """Effective.model_dump() for these params, from the cache or from the engine's code (then cached). Never
     raises: a failure is a note in the answer, since effective params are information, not a result."""
     try:
-        module = importlib.import_module(module_name)
-        path = _cache_dir() / f"{cache_key(module, kwargs, model_path, dtype, params)}.json"
+        module, path = _entry(module_name, kwargs, model_path, dtype, params)
         if path.exists():
             return json.loads(path.read_text())
         with _exclusive(path):
@@ -78,24 +102,61 @@ def effective_for(module_name: str, kwargs: dict[str, Any], model_path: str, dty
             os.replace(tmp, path)
             return answer
     except Exception as exc:  # informational: never fails a case
-        return {"notes": [f"effective params not computed: {' '.join(f'{type(exc).__name__}: {exc}'.split())[:400]}"]}
+        return _not_computed(exc)
 
 
 class InBackground:
-    """The effective params of a batch's requests, computed one distinct params after another in a daemon thread
-    started at once, so that the engine generates meanwhile. `get` waits for one answer."""
+    """The effective params of a batch's requests, computed in a daemon thread started at once, so that the engine
+    generates meanwhile; `get` waits for one answer. `apart`: answers not in the cache are computed in a child
+    process (`adapters.sampling.worker`), for a worker that has not loaded the engine package itself (a server's
+    client): importing it in the worker's own thread would hold the interpreter lock its requests need."""
 
     def __init__(self, module_name: str, kwargs: dict[str, Any], model_path: str, dtype: str,
-                 params: list[SamplingParams]):
+                 params: list[SamplingParams], apart: bool = False):
         self._code = (module_name, kwargs, model_path, dtype)
         self._distinct = {p.model_dump_json(): p for p in params}
         self._answers: dict[str, Future] = {key: Future() for key in self._distinct}
-        threading.Thread(target=self._compute, daemon=True, name="effective-params").start()
+        compute = self._compute_apart if apart else self._compute
+        threading.Thread(target=self._run, args=(compute,), daemon=True, name="effective-params").start()
+
+    def _run(self, compute: Callable[[], None]) -> None:
+        try:
+            compute()
+        except Exception as exc:  # never leave an answer unset: its result would wait for it forever
+            for answer in self._answers.values():
+                if not answer.done():
+                    answer.set_result(_not_computed(exc))
 
     def _compute(self) -> None:
-        module_name, kwargs, model_path, dtype = self._code
         for key, params in self._distinct.items():
-            self._answers[key].set_result(effective_for(module_name, kwargs, model_path, dtype, params))
+            self._answers[key].set_result(effective_for(*self._code, params))
+
+    def _compute_apart(self) -> None:
+        missing = {}
+        for key, params in self._distinct.items():
+            answer = cached(*self._code, params)
+            if answer is None:
+                missing[key] = params
+            else:
+                self._answers[key].set_result(answer)
+        if missing:
+            for key, answer in self._in_child(missing).items():
+                self._answers[key].set_result(answer)
+
+    def _in_child(self, missing: dict[str, SamplingParams]) -> dict[str, dict[str, Any]]:
+        module_name, kwargs, model_path, dtype = self._code
+        job = {"task": "effective", "module": module_name, "kwargs": kwargs, "model_path": model_path, "dtype": dtype,
+               "cached": True, "items": [{"case_id": key, "params": p.model_dump(mode="json")}
+                                         for key, p in missing.items()]}
+        proc = subprocess.run([sys.executable, "-m", "adapters.sampling.worker"], input=json.dumps(job),
+                              capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+        try:
+            items = {i["case_id"]: i["effective"] for i in json.loads(proc.stdout.splitlines()[-1])["items"]}
+        except (IndexError, KeyError, TypeError, ValueError):  # a child that crashed or printed no answer
+            tail = " | ".join(proc.stderr.splitlines()[-2:])
+            return {key: _not_computed(f"the sampling code's process exited {proc.returncode}: {tail}")
+                    for key in missing}
+        return {key: items.get(key) or _not_computed("no answer for these params") for key in missing}
 
     def get(self, params: SamplingParams) -> dict[str, Any]:
         return self._answers[params.model_dump_json()].result()

@@ -2,7 +2,7 @@
 `python -m adapters.sampling.worker < job.json` prints one JSON document.
 
 job: {"task": "effective" | "transplant", "module": the engine's sampling module, "kwargs": {...},
-      "model_path": str, "dtype": str, "items": [...]}
+      "model_path": str, "dtype": str, "items": [...], "cached": answers through the effective-params cache}
   effective items:  {"case_id", "params"}                              -> {"case_id", "effective"}
   transplant items: {"case_id", "variant", "params", "token_ids", "prompt_len", "logits_path", "out_path"}
                     -> {"case_id", "variant", "path", "steps", "sampling", "hazards"} or {"error"}
@@ -26,10 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from adapters.sampling.common import Recorder
+from adapters.sampling.effective_cache import effective_for
 from harness.scenario.vocabulary import SamplingParams
 
 
 def _effective(module: Any, kwargs: dict, job: dict[str, Any], params: SamplingParams) -> dict[str, Any]:
+    if job.get("cached"):  # a run's worker asking: through the cache, a failure is a note in the answer
+        return effective_for(module.__name__, kwargs, job["model_path"], job["dtype"], params)
     return module.effective(Path(job["model_path"]), params, job["dtype"], **kwargs).model_dump(mode="json")
 
 

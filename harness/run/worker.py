@@ -110,7 +110,9 @@ class Worker:
         setup = self.load_message["setup"]
         if code is None or not params:
             return None
-        return InBackground(code["module"], code["kwargs"], setup["model_path"], setup["dtype"], params)
+        # a server's client has not loaded the engine package: its sampling code runs in a child process
+        return InBackground(code["module"], code["kwargs"], setup["model_path"], setup["dtype"], params,
+                            apart=not self.load_message.get("package"))
 
 
 def main() -> int:

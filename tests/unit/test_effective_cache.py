@@ -56,3 +56,17 @@ def test_a_failing_sampling_code_is_a_note_not_an_error(isolated: Path):
     answer = InBackground("no_such_sampling_module", {}, str(isolated / "model"), "float32",
                           [SamplingParams()]).get(SamplingParams())
     assert answer["notes"][0].startswith("effective params not computed: ModuleNotFoundError")
+
+
+def test_apart_computes_in_a_child_process_once_then_answers_from_the_cache(isolated: Path):
+    params = [SamplingParams(temperature=0.5), SamplingParams(temperature=0.9)]
+    answers = [InBackground(MODULE, {}, str(isolated / "model"), "float32", params, apart=True).get(p) for p in params]
+    assert computations(isolated) == 2 and [a["temperature"] for a in answers] == [0.5, 0.9]
+    again = InBackground(MODULE, {}, str(isolated / "model"), "float32", params, apart=True)
+    assert [again.get(p) for p in params] == answers and computations(isolated) == 2
+
+
+def test_a_child_that_cannot_run_the_sampling_code_is_a_note(isolated: Path):
+    answer = InBackground("no_such_sampling_module", {}, str(isolated / "model"), "float32", [SamplingParams()],
+                          apart=True).get(SamplingParams())
+    assert "sampling code's process exited 1" in answer["notes"][0] and "ModuleNotFoundError" in answer["notes"][0]
