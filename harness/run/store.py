@@ -211,14 +211,16 @@ def read_parquet(run_dir: Path, name: str, types: dict[str, str] | None = None,
 
 def _column_problem(column: pa.ChunkedArray, kind: str) -> str | None:
     """Why a column does not hold values of `kind` (str, int, float, bool, json: a string holding a JSON object,
-    list[...]; a trailing ? allows nulls), or None."""
+    json|empty: the same or "", list[...]; a trailing ? allows nulls), or None."""
     nullable, kind = kind.endswith("?"), kind.removesuffix("?")
     if not _matches(kind, column.type):
         return f"holds {column.type}, not {kind}"
     if not nullable and len(column) and (pa.types.is_null(column.type) or _nulls(column)):
         return "has empty (null) values"
-    if kind == "json":
+    if kind in ("json", "json|empty"):
         for value in column.to_pylist():
+            if value == "" and kind == "json|empty":
+                continue
             try:
                 parsed = json.loads(value)
             except ValueError:
@@ -236,7 +238,7 @@ def _matches(kind: str, type_: pa.DataType) -> bool:
     checks = {"str": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
               "int": pa.types.is_integer, "float": lambda t: pa.types.is_floating(t) or pa.types.is_integer(t),
               "bool": pa.types.is_boolean}
-    checks["json"] = checks["str"]
+    checks["json"] = checks["json|empty"] = checks["str"]
     return checks[kind](type_)
 
 
@@ -249,7 +251,7 @@ def _nulls(column: pa.ChunkedArray | pa.Array) -> int:
 
 
 # The columns of results, steps and beams.parquet and the kind of value each holds (checked when read back).
-RESULT_TYPES = {"case_id": "str", "engine": "str", "status": "str", "error": "str", "params": "str",
+RESULT_TYPES = {"case_id": "str", "engine": "str", "status": "str", "error": "str", "params": "json|empty",
                 "prompt_ids": "list[int]", "token_ids": "list[int]", "text": "str", "finish_reason": "str",
                 "ended_by": "str", "native_params": "json", "warnings": "list[str]", "timings": "json",
                 "effective": "json", "samples": "list[list[int]]"}

@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from harness.compare.baseline import save
@@ -96,6 +97,7 @@ def test_a_baseline_is_saved_from_a_stored_run_and_compared(run_dir: Path, tmp_p
     (lambda run: _edit(run, lambda m: m.update(status=3)), "run.json: status"),
     (lambda run: (run / "results.parquet").write_bytes(b"PAR1 truncated"), "results.parquet: unreadable parquet"),
     (lambda run: (run / "steps.parquet").unlink(), "steps.parquet: missing"),
+    (lambda run: _edit_results(run, "params", "x"), "results.parquet: column params: 'x' is not JSON"),
 ])
 def test_damaged_run_directories_are_one_line_errors(run_dir: Path, damage, words: str) -> None:
     damage(run_dir)
@@ -116,3 +118,9 @@ def _edit(run: Path, change) -> None:
 def test_read_meta_round_trips(run_dir: Path) -> None:
     meta = read_meta(run_dir)
     assert meta.reference == "ref" and meta.engines["other"].dtype == "float32"
+
+
+def _edit_results(run: Path, column: str, value: str) -> None:
+    frame = pd.read_parquet(run / "results.parquet")
+    frame[column] = value
+    write_parquet(run / "results.parquet", frame)
