@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from importlib import metadata
@@ -157,6 +157,9 @@ class InBackground:
             return {key: _not_computed(f"the sampling code's process exited {proc.returncode}: {tail}")
                     for key in missing}
         return {key: items.get(key) or _not_computed("no answer for these params") for key in missing}
+
+    def covers(self, params: Iterable[SamplingParams]) -> bool:
+        return all(p.model_dump_json() in self._answers for p in params)
 
     def get(self, params: SamplingParams) -> dict[str, Any]:
         return self._answers[params.model_dump_json()].result()

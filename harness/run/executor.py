@@ -73,7 +73,7 @@ class EngineRun:
         self.outcome.worker_pids.append(self.worker.pid)
         (plan.workdir / "worker.pid").write_text(str(self.worker.pid))
         self.worker.send({"op": "load", "factory": plan.factory, "setup": plan.setup.model_dump(mode="json"),
-                          "sampling": plan.sampling, "package": plan.package})
+                          "sampling": plan.sampling, "package": plan.package, "params": _distinct_params(plan)})
         message = self.worker.receive(plan.load_timeout)
         if message["event"] != "ready":
             raise WorkerGone(f"could not load: {message.get('error', message)}")
@@ -176,3 +176,10 @@ def run_plans(plans: list[EnginePlan], parallel: int | None, progress: Progress,
         if future.done() and not future.cancelled() and future.exception() is not None:
             raise future.exception()
     return [run.outcome for run in runs], interrupted
+
+
+def _distinct_params(plan: EnginePlan) -> list[dict]:
+    """The distinct params of a generate plan's requests: its worker answers their effective params once, from load."""
+    if plan.op != "generate":
+        return []
+    return list({r.params.model_dump_json(): r.params.model_dump(mode="json") for r in plan.requests}.values())

@@ -33,6 +33,7 @@ class Worker:
         self.started = started  # time.monotonic() when main() began: comparable with the harness's clock
         self.engine: Any = None
         self.load_message: dict[str, Any] = {}
+        self.planned: Any = None  # effective params of every case the harness will send, computing since load
 
     def serve(self, lines) -> int:
         try:
@@ -52,10 +53,11 @@ class Worker:
     def load(self, message: dict[str, Any]) -> bool:
         """message: {"factory": "module:Class", "setup": EngineSetup, "sampling": SamplingCode fields or None,
         "package": the engine package of an in-process engine, imported first so that its import time is reported apart
-        from loading}."""
+        from loading, "params": the distinct params of the engine's cases, whose effective params start at once}."""
         import importlib
 
         from adapters.registry import engine_class
+        from harness.scenario.vocabulary import SamplingParams
         from harness.types import EngineSetup
 
         self.load_message = message
@@ -70,6 +72,7 @@ class Worker:
             send(self.protocol, {"event": "ready", "versions": self.engine.versions(), "load_s": loaded - before,
                                  "phases": {"main_at": self.started, "imports_s": imported - before,
                                             "load_s": loaded - imported}})
+            self.planned = self.effective([SamplingParams.model_validate(p) for p in message.get("params", [])])
             return True
         except Exception as exc:  # any load failure is reported, then the worker ends
             traceback.print_exc()
@@ -85,7 +88,8 @@ class Worker:
         done: set[str] = set()
         try:
             params = {r.case_id: r.params for r in requests if op == "generate"}
-            effective = self.effective(list(params.values()))
+            planned = self.planned is not None and self.planned.covers(params.values())
+            effective = self.planned if planned else self.effective(list(params.values()))
             for result in getattr(self.engine, op)(requests):
                 done.add(result.case_id)
                 if effective is not None and result.case_id in params and result.status == "ok":
