@@ -1,5 +1,6 @@
-"""How many cases a worker is sent at once: small batches for in-process engines, large ones for a server's client
-(it keeps `concurrency` requests in flight only within a batch), the scenario's batch_size above both."""
+"""What a worker is told of its plan: how many cases it is sent at once (small batches for in-process engines,
+large ones for a server's client, which keeps `concurrency` requests in flight only within a batch; the scenario's
+batch_size above both), and at load each distinct params of its cases once (their effective params start there)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,17 @@ def test_servers_get_large_batches_unless_the_scenario_says(tmp_path: Path) -> N
     sizes = {name: engine_plan(scenario, name, tmp_path, [], resolve=lambda *_: tmp_path).batch_size
              for name in ("hf", "server", "small")}
     assert sizes == {"hf": BATCH, "server": SERVER_BATCH, "small": 2}
+
+
+def test_a_worker_is_told_each_distinct_params_once_at_load(tmp_path: Path) -> None:
+    from harness.run.executor import _distinct_params
+    from harness.scenario.vocabulary import SamplingParams
+    from harness.types import Request
+
+    scenario = load(write_scenario(tmp_path / "s.yaml", SCENARIO))
+    requests = [Request(case_id=f"c{i}", prompt_ids=[1], params=SamplingParams(temperature=t), top_logprobs=5)
+                for i, t in enumerate((0.0, 0.5, 0.0))]
+    plan = engine_plan(scenario, "server", tmp_path, requests, resolve=lambda *_: tmp_path)
+    assert [p["temperature"] for p in _distinct_params(plan)] == [0.0, 0.5]
+    traced = engine_plan(scenario, "server", tmp_path, requests, op="trace", resolve=lambda *_: tmp_path)
+    assert _distinct_params(traced) == []  # effective params are for generate plans only
