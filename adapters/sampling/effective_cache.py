@@ -3,8 +3,9 @@ answer is cached on disk under $LLM_PARITY_CACHE/effective/. The key covers ever
 sampling module's source, its keyword arguments, the engine distribution's version, the model's config and
 generation_config.json, the dtype and the params. A warm cache spares a worker importing an engine package it does not
 otherwise load (an `openai` engine in the vllm dialect would import vLLM for it). A cold one is filled off the
-results' path: `InBackground` computes a batch's answers in a thread while the engine generates, and workers that need
-the same answer at once (two engines with the same sampling code) wait for the first one's, not compute it twice."""
+results' path: `InBackground` computes an engine run's answers from load, while the engine generates (in a thread, or
+in a child process for a server's client), and workers that need the same answer at once (two engines with the same
+sampling code) wait for the first one's, not compute it twice."""
 
 from __future__ import annotations
 
@@ -106,7 +107,7 @@ def effective_for(module_name: str, kwargs: dict[str, Any], model_path: str, dty
 
 
 class InBackground:
-    """The effective params of a batch's requests, computed in a daemon thread started at once, so that the engine
+    """The effective params of an engine run's requests, computed in a daemon thread started at once, so that the engine
     generates meanwhile; `get` waits for one answer. `apart`: answers not in the cache are computed in a child
     process (`adapters.sampling.worker`), for a worker that has not loaded the engine package itself (a server's
     client): importing it in the worker's own thread would hold the interpreter lock its requests need."""
