@@ -59,6 +59,12 @@ def endpoint_checked(dialect: str):
     return model_validator(mode="after")(check)
 
 
+# A server started outside a harness worker (a test fixture, a script) has no thread setting of the worker's to
+# inherit: torch's default, one spinning OpenMP thread per core, ran 9-50x slower beside any other process on a
+# 2-core machine (ENGINE_NOTES). Such a server gets the scenario default, 1 thread that waits passively.
+THREADS_UNSET = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "passive"}
+
+
 @dataclass
 class Launch:
     """How to start one server: its command and environment, the path that answers 200 once it is ready, and what
@@ -96,8 +102,8 @@ class ServedEngine(OpenAIEngine):
         port = free_port()
         self.launched = self.launch(setup, port)
         started = time.monotonic()
-        self.server = ServerProcess(self.launched.command, self.launched.env, setup.workdir / "server.log",
-                                    setup.workdir / "server.pid")
+        self.server = ServerProcess(self.launched.command, {**THREADS_UNSET, **self.launched.env},
+                                    setup.workdir / "server.log", setup.workdir / "server.pid")
         try:
             self.server.wait_ready(f"http://127.0.0.1:{port}{self.launched.health_path}", self.options.startup_timeout)
         except BaseException:
