@@ -1,45 +1,55 @@
 """Harness overhead against a server, against an honest yardstick: `parity run` vs a plain client, same server, same
 request bodies.
 
-One vLLM OpenAI server (SmolLM2 fp32, eager) is started once, outside both timings. The scenario has two `openai`
-engines attached to it (reference and candidate), each sending the same N completions requests (token-id prompts,
-greedy, top-5 logprobs, 4 at a time, --prompts x --tokens). The plain side is the best plain use of the server's
-API, written below: one fresh Python process with httpx sending the same 2 x N request bodies (taken from the
-harness's own run, so both sides send identical bytes), 8 in flight, which is what the server sees from the
-harness's two workers running side by side with 4 each.
+One vLLM OpenAI server (SmolLM2 fp32, eager) is started per layout, outside both timings, plainly with vLLM's own
+CLI and the settings written below (SERVER, SERVER_ENV; OpenMP threads that wait passively, as ENGINE_NOTES measured
+best; not the harness's adapter or environment). Two layouts (--layouts):
+  split:  the server on its own cores (all but the last, one OpenMP thread each), both clients on the last core: a
+          server on its own hardware, as a served model is; the clients' CPU does not slow the server.
+  shared: server (one thread per core) and clients on every core: on this 2-core machine the server alone keeps
+          both cores busy, so every CPU second a client spends is about half a second of the server's lost.
+The scenario has two `openai` engines attached to it (reference and candidate), each sending the same N completions
+requests (token-id prompts, greedy, top-5 logprobs, 4 at a time, --prompts x --tokens). The plain side is the best
+plain use of the server's API, written below: one fresh Python process with httpx sending the same 2 x N request
+bodies (taken from the harness's own run, so both sides send identical bytes), 8 in flight, which is what the server
+sees from the harness's two workers running side by side with 4 each.
 
 Both sides are timed from outside (wall and CPU of the process tree) and broken into phases: process start and
-imports, requests, and for the harness its workers' start, effective params (how long results waited for them:
-they are computed while the engine generates) and writing results. Repeats are
+imports, requests, the server's CPU while that side ran, and for the harness its workers' start, effective params
+(how long results waited for them: they are computed while the engine generates) and writing results. Repeats are
 interleaved, medians and spread printed, cold (the harness's effective-params cache emptied before each repeat:
 the `openai` engines in the vllm dialect then run vLLM's own sampling code, once for both) and warm.
 
 Usage: python benchmarks/server_overhead.py [--prompts 16] [--tokens 64] [--repeats 3] [--modes cold,warm]
-       [--url URL: a running server of SmolLM2 fp32 named `served` instead of starting one]
+       [--layouts split,shared] [--url URL: a running server of SmolLM2 fp32 named `served` instead of starting
+       one; no layout, no pinning]
 Targets (issue 13): <= 1.1x warm, <= 1.25x cold (medians).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
 import shutil
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from adapters.engines.vllm_server import Engine as VllmServer  # noqa: E402
 from harness import models  # noqa: E402
 from harness.scenario.prompts import load_tokenizer  # noqa: E402
-from harness.types import EngineSetup  # noqa: E402
 
 SCENARIO = """\
 name: server-overhead
@@ -51,6 +61,10 @@ prompts:
 {prompts}
 params: {{temperature: 0, max_new_tokens: {tokens}, ignore_eos: true}}
 """
+SERVER = ["-m", "vllm.entrypoints.openai.api_server", "--dtype", "float32", "--enforce-eager", "--max-model-len", "512",
+          "--served-model-name", "served", "--generation-config", "vllm", "--host", "127.0.0.1",
+          "--disable-uvicorn-access-log"]
+SERVER_ENV = {"OMP_WAIT_POLICY": "passive", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
 TOPICS = ["the sea", "a city at night", "mountains", "a library", "the moon", "a garden", "trains", "winter"]
 
 PLAIN = """
@@ -107,11 +121,56 @@ def bodies_of(scenario: Path, tmp: Path) -> list[dict]:
             for r in results.itertuples()]
 
 
+@contextlib.contextmanager
+def plain_server(model_path: Path, tmp: Path, cpus: set[int]) -> Iterator[tuple[str, int]]:
+    """vLLM's OpenAI server started with its own CLI on these cores (one OpenMP thread each), in a process group of
+    its own; yields its /v1 URL (once it answers) and that group's id."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = (tmp / "server.log").open("w")
+    server = subprocess.Popen([sys.executable, *SERVER, "--model", str(model_path), "--port", str(port)],
+                              env={**os.environ, **SERVER_ENV, "OMP_NUM_THREADS": str(len(cpus))},
+                              stdout=log, stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True,
+                              preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            if server.poll() is not None:
+                sys.exit(f"the vLLM server exited {server.returncode}: see {tmp / 'server.log'}")
+            try:
+                if urllib.request.urlopen(f"{url}/models", timeout=5).status == 200:
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    sys.exit("the vLLM server did not answer within 600 s")
+                time.sleep(1)
+        yield url, server.pid
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(60)
+        log.close()
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):6.1f} s (min {min(values):.1f}, max {max(values):.1f})"
 
 
-def measure(args: argparse.Namespace, url: str, tmp: Path, effective_cache: Path) -> None:
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds used so far by the processes of a process group (the server and its engine processes)."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while being read
+            continue
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def measure(args: argparse.Namespace, url: str, tmp: Path, effective_cache: Path, server_pgid: int | None) -> None:
     prompts = "\n".join(f'  - {{id: p{i}, text: "Write a few sentences about {TOPICS[i % len(TOPICS)]}, '
                         f'part {i}."}}' for i in range(args.prompts))
     scenario = tmp / "server-overhead.yaml"
@@ -123,8 +182,11 @@ def measure(args: argparse.Namespace, url: str, tmp: Path, effective_cache: Path
             for side in (("plain", "parity") if i % 2 == 0 else ("parity", "plain")):
                 if mode == "cold":
                     shutil.rmtree(effective_cache, ignore_errors=True)
+                server_before = group_cpu_s(server_pgid) if server_pgid else 0.0
                 row = plain(url, bodies) if side == "plain" else \
                     parity(scenario, tmp / f"{mode}-{i}")
+                if server_pgid:
+                    row["phases"]["server_cpu_s"] = group_cpu_s(server_pgid) - server_before
                 rows[side].append(row)
                 print(f"{mode} repeat {i + 1} {side:6}: wall {row['wall_s']:.1f} s, cpu {row['cpu_s']:.1f} s",
                       flush=True)
@@ -143,12 +205,23 @@ def measure(args: argparse.Namespace, url: str, tmp: Path, effective_cache: Path
         print(flush=True)
 
 
+def layout_cpus(layout: str, every: set[int]) -> tuple[set[int], set[int]]:
+    """(server's cores, clients' cores) of a layout."""
+    if layout == "shared":
+        return every, every
+    if layout == "split" and len(every) >= 2:
+        last = max(every)
+        return every - {last}, {last}
+    sys.exit(f"--layouts: '{layout}' is not a layout here (split needs 2 cores; known: split, shared)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--modes", default="cold,warm")
+    parser.add_argument("--layouts", default="split,shared")
     parser.add_argument("--url", help="attach to this server (SmolLM2 fp32, --served-model-name served)")
     args = parser.parse_args()
     model_path = models.resolve("smollm2-135m", "float32")
@@ -156,16 +229,19 @@ def main() -> None:
     effective_cache = models.cache_root() / "effective"
     with tempfile.TemporaryDirectory() as tmp:
         if args.url:
-            measure(args, args.url, Path(tmp), effective_cache)
+            measure(args, args.url, Path(tmp), effective_cache, None)
             return
-        setup = EngineSetup(name="server", model_path=model_path, dtype="float32", workdir=Path(tmp), max_context=256,
-                            options={"extra_args": ["--served-model-name", "served"]})
-        print("starting the vLLM server (outside both timings)...", flush=True)
-        server = VllmServer(setup)
-        try:
-            measure(args, server.base_url, Path(tmp), effective_cache)
-        finally:
-            server.close()
+        every = os.sched_getaffinity(0)
+        for layout in args.layouts.split(","):
+            server_cpus, client_cpus = layout_cpus(layout, every)
+            print(f"\n### layout {layout}: server on cores {sorted(server_cpus)}, clients on cores "
+                  f"{sorted(client_cpus)}; starting the vLLM server (outside both timings)...", flush=True)
+            with plain_server(model_path, Path(tmp), server_cpus) as (url, pgid):
+                os.sched_setaffinity(0, client_cpus)  # the clients' processes inherit it
+                try:
+                    measure(args, url, Path(tmp), effective_cache, pgid)
+                finally:
+                    os.sched_setaffinity(0, every)
 
 
 if __name__ == "__main__":
