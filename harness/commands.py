@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
 from harness.errors import EXIT_INTERRUPTED, ConfigError
 from harness.report.console import EngineProgress, console, print_table
-from harness.run.execute import RunOutcome, Selection, execute_all
+from harness.run.execute import Selection, execute_all
 from harness.scenario.spec import LoadedScenario
+
+if TYPE_CHECKING:
+    from harness.run.finish import RunOutcome
 
 
 def _note(kind: str, text: str) -> None:

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from harness.compare.verdicts import COLUMNS, VERDICT_TYPES
 from harness.errors import ConfigError
-from harness.run.store import RESULT_TYPES, STEP_TYPES, read_meta, read_parquet, write_atomic
+from harness.run.store import read_meta, write_atomic
+from harness.run.tables import RESULT_TYPES, STEP_TYPES, read_parquet
 
 
 def _round(values) -> list[float]:

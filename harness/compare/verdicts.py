@@ -52,7 +52,7 @@ class Verdict(BaseModel):
 
 
 COLUMNS = list(Verdict.model_fields)
-# verdicts.parquet's columns and the kind of value each holds (harness.run.store.read_parquet checks them); the
+# verdicts.parquet's columns and the kind of value each holds (harness.run.tables.read_parquet checks them); the
 # optional numbers are stored as floats, NaN where unset
 VERDICT_TYPES = {"case_id": "str", "engine": "str", "reference": "str", "verdict": "str", "expected": "bool",
                  **{name: "float?" for name in COLUMNS[5:13]}, "engine_token_in_ref_topk": "bool?",

@@ -20,8 +20,9 @@ from adapters import registry
 from harness import models
 from harness.compare.beams import beam_cases
 from harness.explain.beam_causes import BeamExplanation, LoopRun, explain_case
-from harness.run.execute import RunOutcome
-from harness.run.store import BEAM_TYPES, RESULT_TYPES, read_parquet, write_atomic, write_json
+from harness.run.finish import RunOutcome
+from harness.run.store import write_atomic, write_json
+from harness.run.tables import BEAM_TYPES, RESULT_TYPES, read_parquet
 from harness.scenario.prompts import load_tokenizer
 from harness.semantics.effective import describe_differences, differing_fields
 from harness.semantics.jobs import SamplingJob, SamplingJobFailed

@@ -21,10 +21,11 @@ from harness.compare.own_top1 import TIE
 from harness.errors import ConfigError
 from harness.explain.localise import Divergence, Localisation, localise
 from harness.explain.trace_diff import Trace, against_floor, compare_traces, summarize, top2
-from harness.run.execute import RunOutcome
 from harness.run.executor import Progress, run_engines
+from harness.run.finish import RunOutcome
 from harness.run.plan import engine_plan
-from harness.run.store import write_json, write_parquet
+from harness.run.store import write_json
+from harness.run.tables import write_parquet
 from harness.scenario.prompts import load_tokenizer
 from harness.semantics.meaning import explain_differences, param_differences
 from harness.types import Result, TraceRequest, TraceResult

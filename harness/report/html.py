@@ -15,7 +15,8 @@ from pydantic import BaseModel, Field
 
 from harness.compare.verdicts import VERDICT_TYPES
 from harness.report.summary import exposed_servers
-from harness.run.store import RESULT_TYPES, STEP_TYPES, RunMeta, read_json, read_meta, read_parquet, write_atomic
+from harness.run.store import RunMeta, read_json, read_meta, write_atomic
+from harness.run.tables import RESULT_TYPES, STEP_TYPES, read_parquet
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}

@@ -18,7 +18,7 @@ import pandas as pd
 from harness.compare import drift
 from harness.run.executor import Progress, run_engines
 from harness.run.plan import engine_plan
-from harness.run.store import write_parquet
+from harness.run.tables import write_parquet
 from harness.scenario.spec import LoadedScenario
 from harness.types import Result, TraceRequest, TraceResult
 

@@ -9,7 +9,6 @@ scenario's own configuration is the worker that also serves the engine compariso
 
 from __future__ import annotations
 
-import platform
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,11 +17,10 @@ from typing import Any
 from adapters import registry
 from adapters.contract import Knob
 from harness import models
-from harness.compare.invariance import InvarianceRow, control_expected, judge_pair, judge_samples
 from harness.run.plan import EnginePlan, ModelResolver, engine_plan
 from harness.scenario.spec import LoadedScenario
 from harness.scenario.vocabulary import SamplingParams
-from harness.types import Request, Result
+from harness.types import Request
 
 SEED = 1234
 CONTROL_PENALTY = 0.3  # the negative control of a greedy scenario: repetition_penalty raised by this much
@@ -197,58 +195,3 @@ def _seed_control(engine: str, cases: list[Request]) -> Check:
     b = _copy(cases, "seed-control.b", seed=seed + 1, **sampled)
     return Check(engine, "seed-control", Side("", a, [a], f"sampling, seed {seed}"),
                  Side("", b, [b], f"seed {seed + 1}"), control=True)
-
-
-def judge(scenario: LoadedScenario, checks: list[Check], results: dict[tuple[str, str], Result],
-          decode) -> list[InvarianceRow]:
-    settings = scenario.spec.invariance
-    rows = []
-    for check in checks:
-        words = WORDS.get(check.knob, ("", ""))
-        base = InvarianceRow(engine=check.engine, knob=check.knob, control=check.control, verdict="unsupported",
-                             baseline=check.baseline.words if check.baseline else words[0],
-                             variant=check.variant.words if check.variant else words[1])
-        if check.unsupported:
-            rows.append(base.model_copy(update={"explanation": _unsupported(scenario, check)}))
-            continue
-        sides = [[results.get((s.config, r.case_id)) or Result.engine_error(r.case_id, s.config, "not run")
-                  for r in s.requests] for s in (check.baseline, check.variant)]
-        fields = (judge_samples(*sides, settings.steps, settings.alpha) if check.sampled
-                  else judge_pair(*sides, decode))
-        failed_config = _failed_configuration(check, sides)
-        if failed_config:
-            fields = {"verdict": "unsupported", "cases": len(sides[0]), "explanation": (
-                f"unsupported on this machine ({platform.machine()}, no CUDA needed for the others): configuration "
-                f"{failed_config} fails on every case: {sides[1][0].error.removeprefix('engine error: ')}")}
-        if fields.get("case_id"):
-            fields["case_id"] = fields["case_id"].split("#", 1)[0]
-            fields["explanation"] = re.sub(r"#[\w.-]+", "", fields["explanation"])
-        row = base.model_copy(update=fields)
-        rows.append(row.model_copy(update={"expected": _expected(row, settings.identical if settings else [])}))
-    return rows
-
-
-def _failed_configuration(check: Check, sides: list[list[Result]]) -> str:
-    """A configuration that exists only for this check and failed on every case: the engine cannot run the knob
-    here (e.g. vLLM's batch-invariant kernels on a CPU), which is a finding about the engine, not an error."""
-    variant = check.variant.config
-    if variant in check.exclusive and all(r.status != "ok" for r in sides[1]):
-        return variant
-    return ""
-
-
-def _expected(row: InvarianceRow, identical: list[str]) -> bool:
-    if row.control:
-        return control_expected(row.verdict)
-    if row.knob in identical:
-        return row.verdict == "identical"
-    if row.verdict == "diverged":
-        return "near-tie" in row.explanation
-    return row.verdict not in ("engine_error", "distribution_diverged")
-
-
-def _unsupported(scenario: LoadedScenario, check: Check) -> str:
-    engine = scenario.spec.engines[check.engine]
-    requirement = registry.describe(engine.engine).requirement
-    version = registry.installed_version(requirement, engine.python) or "not installed"
-    return f"{engine.engine} ({requirement.distribution} {version}): {check.unsupported}"

@@ -12,13 +12,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.errors import ConfigError
-from harness.run.execute import RunOutcome, Selection, all_plans, pending_run, run_pending, runnable, tokenized
+from harness.run.execute import Selection, all_plans, pending_run, run_pending, runnable, tokenized
 from harness.run.executor import Progress
 from harness.run.journal import JOURNAL, read_journal, reusable, rewrite_journal
 from harness.run.store import read_meta, run_lock, write_meta
 from harness.scenario.spec import LoadedScenario, load
+
+if TYPE_CHECKING:
+    from harness.run.finish import RunOutcome
 
 
 def resume(run_dir: Path, parallel: int | None, progress: Progress,

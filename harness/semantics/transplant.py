@@ -25,10 +25,11 @@ import pandas as pd
 from adapters import registry
 from harness import models
 from harness.errors import ConfigError
-from harness.run.execute import RunOutcome
 from harness.run.executor import run_engines
+from harness.run.finish import RunOutcome
 from harness.run.plan import engine_plan
-from harness.run.store import write_json, write_parquet
+from harness.run.store import write_json
+from harness.run.tables import write_parquet
 from harness.scenario.prompts import load_tokenizer
 from harness.scenario.spec import LoadedScenario
 from harness.scenario.vocabulary import GREEDY_IRRELEVANT, PENALTIES, SHAPING, SamplingParams, meaning

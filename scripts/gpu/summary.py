@@ -12,7 +12,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from harness.run.store import read_meta, read_parquet
+from harness.run.store import read_meta
+from harness.run.tables import read_parquet
 
 
 def latest(reports: Path, scenario: str) -> Path | None:

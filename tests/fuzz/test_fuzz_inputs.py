@@ -28,7 +28,8 @@ from hypothesis import strategies as st
 from harness.compare.baseline import save as save_baseline
 from harness.compare.verdicts import judge
 from harness.run.journal import read_journal
-from harness.run.store import EngineMeta, RunMeta, RunSelection, results_frame, steps_frame, write_meta, write_parquet
+from harness.run.store import EngineMeta, RunMeta, RunSelection, write_meta
+from harness.run.tables import results_frame, steps_frame, write_parquet
 from harness.scenario.spec import load
 from harness.types import Result
 

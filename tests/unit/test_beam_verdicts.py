@@ -11,7 +11,7 @@ import pytest
 from harness.compare.beams import compare_beams, first_difference, judge_all, judge_beams
 from harness.compare.verdicts import judge
 from harness.explain.beam_causes import LoopRun, explain_case, first_live_difference, last_alive
-from harness.run.store import BEAM_COLUMNS, beams_frame
+from harness.run.tables import BEAM_COLUMNS, beams_frame
 from harness.scenario.spec import load
 from harness.types import Beam, Result
 

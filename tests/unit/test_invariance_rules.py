@@ -7,7 +7,8 @@ import random
 from pathlib import Path
 
 from harness.compare.invariance import InvarianceRow, control_expected, judge_pair, judge_samples
-from harness.run.invariance import _config_name, _expected
+from harness.run.invariance import _config_name
+from harness.run.invariance_verdicts import _expected
 from harness.scenario.spec import load
 from harness.types import Result
 

@@ -16,16 +16,8 @@ from harness.compare.verdicts import judge
 from harness.errors import ConfigError
 from harness.report.html import build
 from harness.report.summary import write_summary
-from harness.run.store import (
-    FORMAT_VERSION,
-    EngineMeta,
-    RunMeta,
-    read_meta,
-    results_frame,
-    steps_frame,
-    write_meta,
-    write_parquet,
-)
+from harness.run.store import FORMAT_VERSION, EngineMeta, RunMeta, read_meta, write_meta
+from harness.run.tables import results_frame, steps_frame, write_parquet
 from harness.scenario.spec import load
 from harness.types import Result
 
