@@ -28,7 +28,7 @@ from adapters.contract import (
 )
 from adapters.http import beams, dialect_check
 from adapters.http.answers import to_result
-from adapters.http.client import Client, Completion, RequestFailed, translate
+from adapters.http.client import Client, Completion, RequestFailed, connection_pool, translate
 from adapters.http.dialects import DIALECTS, Dialect
 from adapters.http.token_ids import TokenTable
 from harness.models.catalog import eos_token_ids
@@ -138,14 +138,15 @@ class Engine:
         self._tokenizer = None
         self._tokenizer_lock = threading.Lock()  # requests run in threads; import and load once
         self.token_table = TokenTable(lambda: self.tokenizer)
-        models = httpx.get(f"{base_url}/models", headers=headers, timeout=30).json()
+        http = connection_pool()
+        models = http.get(f"{base_url}/models", headers=headers, timeout=30).json()
         served = [m["id"] for m in models.get("data", [])]
         self.model = options.model or (served[0] if served else "")
         self.server_version = models.get("version", "")
-        self.dialect_warnings = dialect_check.check(dialect, base_url, headers)
+        self.dialect_warnings = dialect_check.check(dialect, base_url, headers, http)
         self.empty_token_id = min(eos_token_ids(model_path), default=None) if dialect.empty_token == "eos" else None
         self.client = Client(base_url, self.model, self.endpoint, options.stream, options.request_timeout,
-                             options.retries, headers, server_alive)
+                             options.retries, headers, server_alive, http)
 
     @property
     def tokenizer(self):
@@ -212,7 +213,8 @@ class Engine:
                          self.empty_token_id)
 
     def close(self) -> None:
-        pass
+        if getattr(self, "client", None) is not None:  # not connected when the server did not start
+            self.client.close()
 
 
 DESCRIPTION = EngineDescription(

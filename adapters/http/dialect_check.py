@@ -37,14 +37,14 @@ def schema_problems(dialect: Dialect, schema: dict[str, Any]) -> tuple[list[str]
     return missing, differ
 
 
-def check(dialect: Dialect, base_url: str, headers: dict[str, str]) -> list[str]:
+def check(dialect: Dialect, base_url: str, headers: dict[str, str], http: httpx.Client) -> list[str]:
     """Warnings for defaults that differ; DialectMismatch when a field the dialect sends is missing. base_url ends
     with /v1; the schema is served at the root."""
     if not dialect.request_schema:
         return []
     url = f"{base_url.removesuffix('/v1')}/openapi.json"
     try:
-        document = httpx.get(url, headers=headers, timeout=30).json()
+        document = http.get(url, headers=headers, timeout=30).json()
         schema = document["components"]["schemas"][dialect.request_schema]
     except (httpx.HTTPError, ValueError, KeyError) as exc:
         return [f"the {dialect.name} dialect could not be checked against the server ({url}: {type(exc).__name__} "

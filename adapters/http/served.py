@@ -121,6 +121,7 @@ class ServedEngine(OpenAIEngine):
         return info
 
     def close(self) -> None:
+        super().close()
         if self.server is not None:
             self.server.stop()
             self.server = None

@@ -10,6 +10,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pandas as pd
 import pytest
@@ -98,15 +99,15 @@ def server(tmp_path_factory):
 
 
 def test_dialect_matches_the_live_servers_request_schema(server) -> None:
-    dialect = DIALECTS["llama-cpp-python"]
-    assert dialect_check.check(dialect, server.base_url, {}) == []
+    dialect, http = DIALECTS["llama-cpp-python"], httpx.Client()
+    assert dialect_check.check(dialect, server.base_url, {}, http) == []
     wrong = replace(dialect, defaults={**dialect.defaults, "repetition_penalty": 1.0})
-    assert dialect_check.check(wrong, server.base_url, {}) == [
+    assert dialect_check.check(wrong, server.base_url, {}, http) == [
         "the llama-cpp-python dialect documents repetition_penalty (field repeat_penalty) defaulting to 1.0, the "
         "live server's request schema to 1.1"]
     with pytest.raises(dialect_check.DialectMismatch, match=r"no field for ignore_eos \(sent as ignore_eos\)"):
         dialect_check.check(replace(dialect, extra_fields={**dialect.extra_fields, "ignore_eos": "ignore_eos"}),
-                            server.base_url, {})
+                            server.base_url, {}, http)
 
 
 DEFECTS = """\
