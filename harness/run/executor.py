@@ -70,8 +70,9 @@ class EngineRun:
         self.progress("loading")
         self.worker = self.executor.worker(plan)
         self.worker.start()
-        self.outcome.worker_pids.append(self.worker.pid)
-        (plan.workdir / "worker.pid").write_text(str(self.worker.pid))
+        if self.worker.pid is not None:  # a worker thread has none
+            self.outcome.worker_pids.append(self.worker.pid)
+            (plan.workdir / "worker.pid").write_text(str(self.worker.pid))
         self.worker.send({"op": "load", "factory": plan.factory, "setup": plan.setup.model_dump(mode="json"),
                           "sampling": plan.sampling, "package": plan.package, "params": _distinct_params(plan)})
         message = self.worker.receive(plan.load_timeout)

@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 from harness.run.plan import EnginePlan
 from harness.run.resources import ActorResources
 from harness.run.worker_process import WorkerHandle
+from harness.run.worker_thread import WorkerThread
 
 ExecutorName = Literal["local", "ray"]
 
@@ -50,11 +51,14 @@ class Executor(Protocol):
 
 
 class LocalExecutor:
-    """Subprocess workers on this machine; engines run at once: cores / threads per engine."""
+    """Subprocess workers on this machine (a thread for a client of a server the harness does not start); engines
+    run at once: cores / threads per engine."""
 
     name = "local"
 
     def worker(self, plan: EnginePlan) -> Worker:
+        if plan.attached_client:
+            return WorkerThread(plan.name, plan.workdir / "worker.log")
         return WorkerHandle(plan.name, plan.python, plan.threads, plan.workdir / "worker.log", plan.import_paths)
 
     def parallel(self, plans: list[EnginePlan]) -> int:

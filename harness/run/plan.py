@@ -43,6 +43,9 @@ class EnginePlan:
     model: str = ""  # the scenario's model: (a name or a path): what a Ray node resolves for itself
     model_shared: bool = False  # a model path every node mounts
     resources: ActorResources = field(default_factory=ActorResources)
+    # a client of a server the harness does not start: it only sends HTTP requests, so on this machine it runs in a
+    # thread of the harness rather than a process of its own (harness.run.worker_thread)
+    attached_client: bool = False
 
     def batches(self) -> list[list[Request] | list[TraceRequest]]:
         if self.groups is not None:
@@ -89,7 +92,9 @@ def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: li
                       batch_size=_batch_size(engine, description), requests=requests, load_timeout=timeouts.load,
                       case_timeout=timeouts.case, op=op,
                       import_paths=[str(scenario.path.parent.resolve())], model=spec.model,
-                      model_shared=spec.model_shared, resources=plan_resources(scenario, name, options))
+                      model_shared=spec.model_shared, resources=plan_resources(scenario, name, options),
+                      attached_client=bool(description.capabilities.server and options.get("url")
+                                           and not engine.python))
 
 
 def _batch_size(engine: EngineSpec, description: EngineDescription) -> int:

@@ -28,8 +28,9 @@ def short_error(exc: BaseException) -> str:
 
 
 class Worker:
-    def __init__(self, protocol: IO[str], started: float):
+    def __init__(self, protocol: IO[str], started: float, log: IO[str] | None = None):
         self.protocol = protocol
+        self.log = log or sys.stderr  # where tracebacks go: the worker log (a process's stderr is that file)
         self.started = started  # time.monotonic() when main() began: comparable with the harness's clock
         self.engine: Any = None
         self.load_message: dict[str, Any] = {}
@@ -75,7 +76,7 @@ class Worker:
             self.planned = self.effective([SamplingParams.model_validate(p) for p in message.get("params", [])])
             return True
         except Exception as exc:  # any load failure is reported, then the worker ends
-            traceback.print_exc()
+            traceback.print_exc(file=self.log)
             send(self.protocol, {"event": "fatal", "error": short_error(exc)})
             return False
 
@@ -98,7 +99,7 @@ class Worker:
                     result.timings["effective_s"] = time.monotonic() - before  # the wait: what its path pays
                 send(self.protocol, {"event": "result", "result": result.model_dump(mode="json")})
         except Exception as exc:  # a failing batch becomes per-case errors; the worker stays up
-            traceback.print_exc()
+            traceback.print_exc(file=self.log)
             for request in requests:
                 if request.case_id not in done:
                     send(self.protocol, {"event": "case_error", "case_id": request.case_id,

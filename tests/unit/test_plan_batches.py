@@ -42,3 +42,27 @@ def test_a_worker_is_told_each_distinct_params_once_at_load(tmp_path: Path) -> N
     assert [p["temperature"] for p in _distinct_params(plan)] == [0.0, 0.5]
     traced = engine_plan(scenario, "server", tmp_path, requests, op="trace", resolve=lambda *_: tmp_path)
     assert _distinct_params(traced) == []  # effective params are for generate plans only
+
+
+PLACES = """\
+name: places
+model: smollm2-135m
+engines:
+  hf: {engine: hf, reference: true}
+  attached: {engine: openai, options: {url: "http://127.0.0.1:9/v1", dialect: vllm}}
+  launched: {engine: vllm-server}
+  attached-vllm: {engine: vllm-server, options: {url: "http://127.0.0.1:9/v1"}}
+  other-python: {engine: openai, python: /usr/bin/python3, options: {url: "http://127.0.0.1:9/v1", dialect: vllm}}
+prompts: [{id: p, text: "Hello"}]
+params: {temperature: 0, max_new_tokens: 4}
+"""
+
+
+def test_only_clients_of_servers_the_harness_does_not_start_run_in_its_own_process(tmp_path: Path) -> None:
+    """They only send HTTP requests (harness.run.worker_thread); an engine in-process, a server the harness starts
+    (its worker stops it however it ends) and another interpreter keep a worker process."""
+    scenario = load(write_scenario(tmp_path / "s.yaml", PLACES))
+    attached = {name: engine_plan(scenario, name, tmp_path, [], resolve=lambda *_: tmp_path).attached_client
+                for name in scenario.spec.engines}
+    assert attached == {"hf": False, "attached": True, "launched": False, "attached-vllm": True,
+                        "other-python": False}
