@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,17 @@ class WorkerGone(Exception):
 
 class WorkerTimeout(Exception):
     pass
+
+
+def next_message(messages: queue.Queue, timeout: float, why_gone: Callable[[], str]) -> dict[str, Any]:
+    """A worker's next message from its queue (None there: it ended): WorkerTimeout when none comes in time."""
+    try:
+        message = messages.get(timeout=timeout)
+    except queue.Empty:
+        raise WorkerTimeout(f"no answer within {timeout:g}s") from None
+    if message is None:
+        raise WorkerGone(why_gone())
+    return message
 
 
 def worker_env(threads: int, import_paths: list[str] = ()) -> dict[str, str]:
@@ -74,13 +86,7 @@ class WorkerHandle:
             raise WorkerGone(self.death_message()) from None
 
     def receive(self, timeout: float) -> dict[str, Any]:
-        try:
-            message = self.messages.get(timeout=timeout)
-        except queue.Empty:
-            raise WorkerTimeout(f"no answer within {timeout:g}s") from None
-        if message is None:
-            raise WorkerGone(self.death_message())
-        return message
+        return next_message(self.messages, timeout, self.death_message)
 
     def death_message(self) -> str:
         try:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.run.protocol import decode
-from harness.run.worker_process import WorkerGone, WorkerTimeout
+from harness.run.worker_process import WorkerGone, next_message
 
 
 class _Outbox:
@@ -67,13 +67,7 @@ class WorkerThread:
         self.inbox.put(json.dumps(message))
 
     def receive(self, timeout: float) -> dict[str, Any]:
-        try:
-            message = self.messages.get(timeout=timeout)
-        except queue.Empty:
-            raise WorkerTimeout(f"no answer within {timeout:g}s") from None
-        if message is None:
-            raise WorkerGone(self.ended)
-        return message
+        return next_message(self.messages, timeout, lambda: self.ended)
 
     def stop(self, grace: float = 30.0) -> None:
         """Close politely: the loop closes the engine and ends; a request still in flight ends with its timeout."""
