@@ -340,7 +340,7 @@ def load(path: str | Path, text: str | None = None) -> LoadedScenario:
     if not isinstance(source.data, dict):
         raise source.error((), "a scenario file must be a mapping with model, engines, prompts")
     try:
-        spec = Scenario(**source.data)
+        spec = Scenario.model_validate(source.data)
     except ValidationError as exc:
         raise source.validation_error(exc) from None
     _check_engines(source, spec)

@@ -77,3 +77,12 @@ def test_missing_prompt_file_is_named(tmp_path: Path) -> None:
 def test_shipped_scenarios_are_valid() -> None:
     for path in sorted(SCENARIOS.glob("*.yaml")):
         assert load(path).cases, path
+
+
+@pytest.mark.parametrize("text", ["?\n", "name: x\n1: 2\n"])
+def test_keys_that_are_not_strings_are_a_config_error(tmp_path: Path, text: str) -> None:
+    """YAML allows a null (`?`) or number key; a scenario's keys are names (found by the fuzz suite: a TypeError)."""
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=str(path)):
+        load(path)
