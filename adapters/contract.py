@@ -56,6 +56,9 @@ class Capabilities:
     server: bool = False  # talks HTTP to a server (started by the harness or attached by url)
     beam_search: bool = False  # honours num_beams with its own search, and its sampling code runs that search
     scores: bool = False  # score(): teacher-forced top-k logprobs of a given sequence, for an engine without traces
+    # attached by url, its Engine only speaks HTTP and imports no engine package: the harness runs it in a thread
+    # of its own process (harness.run.worker_thread) instead of a worker process
+    http_only_client: bool = False
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,11 @@ from harness.types import EngineSetup, Request, Result, Translation
 DialectName = Literal[tuple(DIALECTS)]  # type: ignore[valid-type]
 
 
+# Requests run in threads, and attached clients of several engines share the harness's process (worker threads):
+# transformers' first import is not safe from two threads at once ("cannot import name 'AutoTokenizer'", seen with
+# 9 engines), so every import and tokenizer load of the process goes through one lock.
+TOKENIZER_LOCK = threading.Lock()
+
 class ClientOptions(EngineOptions):
     # completions | chat | generate (the server's native endpoint, lmdeploy's); unset: the dialect's choice for
     # token-level comparison (lmdeploy: generate; the others: completions)
@@ -136,7 +141,6 @@ class Engine:
         self.endpoint = options.endpoint or dialect.default_endpoint
         self.model_path = model_path
         self._tokenizer = None
-        self._tokenizer_lock = threading.Lock()  # requests run in threads; import and load once
         self.token_table = TokenTable(lambda: self.tokenizer)
         http = connection_pool()
         models = http.get(f"{base_url}/models", headers=headers, timeout=30).json()
@@ -151,7 +155,7 @@ class Engine:
     @property
     def tokenizer(self):
         """Loaded on first need (text prompts for servers without token-id prompts, or mapping token text)."""
-        with self._tokenizer_lock:
+        with TOKENIZER_LOCK:
             if self._tokenizer is None:
                 from transformers import AutoTokenizer
 
@@ -220,7 +224,7 @@ class Engine:
 DESCRIPTION = EngineDescription(
     name="openai", summary="any OpenAI-compatible server by base URL (dialects: " + ", ".join(DIALECTS) + ")",
     engine=Engine, options=Options, requirement=Requirement(module="httpx", distribution="httpx"),
-    capabilities=Capabilities(server=True),
+    capabilities=Capabilities(server=True, http_only_client=True),
     sampling=lambda options: DIALECTS[options.dialect].sampling_code(options.defaults),
     dialect=lambda options: options.dialect, knobs=lambda name, options: attached_knobs(name, options))
 

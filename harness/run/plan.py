@@ -93,7 +93,7 @@ def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: li
                       case_timeout=timeouts.case, op=op,
                       import_paths=[str(scenario.path.parent.resolve())], model=spec.model,
                       model_shared=spec.model_shared, resources=plan_resources(scenario, name, options),
-                      attached_client=bool(description.capabilities.server and options.get("url")
+                      attached_client=bool(description.capabilities.http_only_client and options.get("url")
                                            and not engine.python))
 
 

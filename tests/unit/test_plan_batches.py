@@ -60,9 +60,10 @@ params: {temperature: 0, max_new_tokens: 4}
 
 def test_only_clients_of_servers_the_harness_does_not_start_run_in_its_own_process(tmp_path: Path) -> None:
     """They only send HTTP requests (harness.run.worker_thread); an engine in-process, a server the harness starts
-    (its worker stops it however it ends) and another interpreter keep a worker process."""
+    (its worker stops it however it ends), a server engine whose client imports its package (vllm-server scores
+    beams with vLLM's code) and another interpreter keep a worker process."""
     scenario = load(write_scenario(tmp_path / "s.yaml", PLACES))
     attached = {name: engine_plan(scenario, name, tmp_path, [], resolve=lambda *_: tmp_path).attached_client
                 for name in scenario.spec.engines}
-    assert attached == {"hf": False, "attached": True, "launched": False, "attached-vllm": True,
+    assert attached == {"hf": False, "attached": True, "launched": False, "attached-vllm": False,
                         "other-python": False}
