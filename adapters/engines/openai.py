@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -189,10 +189,32 @@ class Engine:
         return request.text if request.text is not None else self.tokenizer.decode(request.prompt_ids)
 
     def generate(self, requests: list[Request]) -> Iterator[Result]:
-        with ThreadPoolExecutor(max_workers=self.client_options.concurrency) as pool:
-            futures = {pool.submit(self._one, request): request for request in requests}
-            for future in as_completed(futures):
-                yield future.result()
+        """Results as they complete, `concurrency` requests in flight. The request threads are daemons: a harness
+        interrupted while they wait on a server exits without them (concurrent.futures' threads are joined at exit,
+        which kept a Ctrl-C'd run alive until its last queued request was answered)."""
+        todo: queue.SimpleQueue = queue.SimpleQueue()
+        answers: queue.SimpleQueue = queue.SimpleQueue()
+        for request in requests:
+            todo.put(request)
+
+        def send_requests() -> None:
+            while True:
+                try:
+                    request = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    answers.put((self._one(request), None))
+                except BaseException as exc:  # raised again below, in the worker loop's thread
+                    answers.put((None, exc))
+
+        for _ in range(min(self.client_options.concurrency, len(requests))):
+            threading.Thread(target=send_requests, daemon=True, name=f"{self.name} requests").start()
+        for _ in requests:
+            result, error = answers.get()
+            if error is not None:
+                raise error
+            yield result
 
     def _one(self, request: Request) -> Result:
         if request.params.num_beams:

@@ -42,6 +42,7 @@ class WorkerThread:
         self.thread: threading.Thread | None = None
         self.loop: Any = None  # the worker loop (harness.run.worker.Worker) once started
         self.ended = ""
+        self.killed = False
 
     def start(self) -> None:
         self.spawned_at = time.monotonic()
@@ -70,19 +71,17 @@ class WorkerThread:
         return next_message(self.messages, timeout, lambda: self.ended)
 
     def stop(self, grace: float = 30.0) -> None:
-        """Close politely: the loop closes the engine and ends; a request still in flight ends with its timeout."""
-        if self.thread is not None and self.thread.is_alive():
+        """Close politely: the loop closes the engine and ends; a request still in flight ends with its timeout.
+        After kill() nothing is awaited (Ctrl-C): the daemon thread ends by itself or with the harness."""
+        if self.thread is not None and self.thread.is_alive() and not self.killed:
             self.inbox.put(json.dumps({"op": "close"}))
             self.inbox.put(None)
             self.thread.join(grace)
 
     def kill(self) -> None:
         """No thread can be killed: the harness stops listening at once (what the loop sends after this is never
-        read), the engine's connections are closed so that requests in flight fail now, and the loop ends after
-        the batch it is in."""
-        self.ended = self.ended or "worker thread stopped"
+        read) and the loop ends after the batch it is in, or with the harness. (Closing the engine's connections
+        here would wait for the requests in flight.)"""
+        self.ended, self.killed = self.ended or "worker thread stopped", True
         self.inbox.put(None)
         self.messages.put(None)
-        engine = getattr(self.loop, "engine", None)
-        if engine is not None:
-            engine.close()

@@ -237,3 +237,30 @@ def test_the_knobs_a_server_turns_with_requests_alone(server_url, tmp_path: Path
     assert knobs.loc["prefix_cache"].verdict == "unsupported" and "not the harness's to change" in \
         knobs.loc["prefix_cache"].explanation
     assert knobs.loc["control"].verdict == "diverged" and knobs.loc["seed-control"].verdict == "diverged"
+
+
+ATTACHED_LONG = """\
+name: attached-long
+model: smollm2-135m
+engines:
+  a: {{engine: openai, reference: true, options: {{url: "{url}", dialect: vllm, api_key_env: {key}, concurrency: 2}}}}
+  b: {{engine: openai, options: {{url: "{url}", dialect: vllm, api_key_env: {key}, concurrency: 2}}}}
+prompts: ["one", "two", "three", "four", "five", "six", "seven", "eight"]
+params: {{temperature: 0, max_new_tokens: 200, ignore_eos: true}}
+"""
+
+
+def test_interrupting_an_attached_client_keeps_results_and_waits_for_no_request(server_url, tmp_path: Path) -> None:
+    """An attached client runs in a thread of the harness (harness.run.worker_thread): Ctrl-C must not wait for the
+    requests still queued or in flight (their threads are daemons), and what finished is kept for --resume."""
+    out = tmp_path / "reports"
+    proc = start_parity_run(write_scenario(tmp_path / "s.yaml", ATTACHED_LONG.format(url=server_url,
+                                                                                      key=API_KEY_ENV)), out)
+    wait_for(lambda: journal_lines(out, "a") >= 1, timeout=180)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)  # 6 requests of 200 tokens were still to come
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr
+    run_dir = next(out.iterdir())
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    assert 1 <= journal_lines(out, "a") < 8
