@@ -3,7 +3,8 @@
 
 job: {"task": "effective" | "transplant", "module": the engine's sampling module, "kwargs": {...},
       "model_path": str, "dtype": str, "items": [...], "cached": answers through the effective-params cache}
-  effective items:  {"case_id", "params"}                              -> {"case_id", "effective"}
+  effective items:  {"case_id", "params"} (+ an engine's own "module", "kwargs", "model_path", "dtype")
+                                                                       -> {"case_id", "effective"}
   transplant items: {"case_id", "variant", "params", "token_ids", "prompt_len", "logits_path", "out_path"}
                     -> {"case_id", "variant", "path", "steps", "sampling", "hazards"} or {"error"}
   beams items:      {"case_id", "engine", "module", "kwargs" (its sampling code), "params", "prompt_ids",
@@ -29,18 +30,24 @@ from adapters.sampling.common import Recorder
 from adapters.sampling.effective_cache import effective_for
 from harness.scenario.vocabulary import SamplingParams
 
+ITEM_OVERRIDES = ("module", "kwargs", "model_path", "dtype")
+
 
 def _effective(module: Any, kwargs: dict, job: dict[str, Any], params: SamplingParams) -> dict[str, Any]:
-    if job.get("cached"):  # a run's worker asking: through the cache, a failure is a note in the answer
+    if job.get("cached"):  # through the cache: a failure is a note in the answer
         return effective_for(module.__name__, kwargs, job["model_path"], job["dtype"], params)
     return module.effective(Path(job["model_path"]), params, job["dtype"], **kwargs).model_dump(mode="json")
 
 
 def effective_items(module: Any, kwargs: dict, job: dict[str, Any]) -> list[dict[str, Any]]:
+    """An item may name its own module, kwargs, model_path and dtype (several engines of one interpreter in one
+    job: `parity params` imports an engine package once for all the engines that use it)."""
     out = []
     for item in job["items"]:
+        own = {**job, "module": module.__name__, "kwargs": kwargs, **{k: item[k] for k in ITEM_OVERRIDES if k in item}}
         params = SamplingParams(**item["params"])
-        out.append({"case_id": item["case_id"], "effective": _effective(module, kwargs, job, params)})
+        answer = _effective(importlib.import_module(own["module"]), own["kwargs"], own, params)
+        out.append({"case_id": item["case_id"], "effective": answer})
     return out
 
 

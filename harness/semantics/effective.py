@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from adapters import registry
@@ -117,29 +118,44 @@ def _problems(scenario: LoadedScenario, names: list[str]) -> list[str]:
 
 
 def compute(scenario: LoadedScenario, names: list[str]) -> dict[str, dict[str, Effective]]:
-    """engine -> case id -> Effective, each engine's code run in a subprocess with that engine's interpreter."""
-
-    def one(name: str) -> dict[str, Effective]:
+    """engine -> case id -> Effective. Each engine's code runs in a subprocess with that engine's interpreter, one per
+    interpreter and sampling module (vllm and vllm-server import vLLM once), two at a time; answers go through the
+    effective-params cache that runs fill, so what a run or an earlier `params` computed is not computed again."""
+    table: dict[str, dict[str, Effective]] = {}
+    shared: dict[tuple[str | None, str], list[tuple[str, list[str], dict[str, Any]]]] = {}  # (engine, cases, item)
+    for name in names:
         spec = scenario.spec.engines[name]
+        code = registry.describe(spec.engine).sampling_code(spec.options)
+        if code is None:
+            table[name] = {c.case_id: Effective(notes=[f"{name} has no sampling code to run here"])
+                           for c in scenario.cases}
+            continue
+        dtype = scenario.spec.engine_dtype(name)
+        own = {"module": code.module, "kwargs": code.kwargs, "model_path": str(models.resolve(scenario.spec.model,
+                                                                                             dtype)), "dtype": dtype}
         groups: dict[str, list[str]] = {}
         for case in scenario.cases:
             groups.setdefault(case.engine_params[name].model_dump_json(), []).append(case.case_id)
-        dtype = scenario.spec.engine_dtype(name)
-        code = registry.describe(spec.engine).sampling_code(spec.options)
-        job = SamplingJob("effective", name, code, models.resolve(scenario.spec.model, dtype),
-                          dtype, [{"case_id": ids[0], "params": SamplingParams.model_validate_json(p).model_dump()}
-                                  for p, ids in groups.items()], spec.python, scenario.spec.engine_threads(name))
+        shared.setdefault((spec.python, code.module), []).extend(
+            (name, ids, {**own, "case_id": ids[0], "params": SamplingParams.model_validate_json(p).model_dump()})
+            for p, ids in groups.items())
+
+    def one(asked: list[tuple[str, list[str], dict[str, Any]]]) -> None:
+        first = scenario.spec.engines[asked[0][0]]
+        job = SamplingJob("effective", ", ".join(dict.fromkeys(name for name, _, _ in asked)),
+                          registry.describe(first.engine).sampling_code(first.options), Path(asked[0][2]["model_path"]),
+                          asked[0][2]["dtype"], [item for _, _, item in asked], first.python,
+                          scenario.spec.engine_threads(asked[0][0]), cached=True)
         try:
-            answer = job.run()
+            answers = [Effective.model_validate(item["effective"]) for item in job.run()["items"]]
         except SamplingJobFailed as exc:
-            return {c.case_id: Effective(notes=[str(exc)]) for c in scenario.cases}
-        if "unavailable" in answer:
-            return {c.case_id: Effective(notes=[answer["unavailable"]]) for c in scenario.cases}
-        first = {item["case_id"]: Effective.model_validate(item["effective"]) for item in answer["items"]}
-        return {case_id: first[ids[0]] for ids in groups.values() for case_id in ids}
+            answers = [Effective(notes=[str(exc)]) for _ in asked]
+        for (name, ids, _), answer in zip(asked, answers, strict=True):
+            table.setdefault(name, {}).update(dict.fromkeys(ids, answer))
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(names, pool.map(one, names), strict=False))
+        list(pool.map(one, shared.values()))
+    return {name: table[name] for name in names}
 
 
 def table_rows(by_engine: dict[str, Effective], everything: bool) -> list[tuple[str, list[str], bool]]:

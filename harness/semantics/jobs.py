@@ -29,12 +29,13 @@ class SamplingJob:
     items: list[dict[str, Any]]
     python: str | None = None
     threads: int = 1
+    cached: bool = False  # effective answers through the cache under $LLM_PARITY_CACHE/effective (runs fill it)
 
     def run(self, timeout: float = 600) -> dict[str, Any]:
         if self.code is None:
             return {"unavailable": f"{self.engine} has no sampling code to run here"}
         job = {"task": self.task, "module": self.code.module, "kwargs": self.code.kwargs,
-               "model_path": str(self.model_path), "dtype": self.dtype, "items": self.items}
+               "model_path": str(self.model_path), "dtype": self.dtype, "items": self.items, "cached": self.cached}
         try:
             proc = subprocess.run([self.python or sys.executable, "-m", "adapters.sampling.worker"],
                                   input=json.dumps(job), capture_output=True, text=True, timeout=timeout,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from adapters.contract import SamplingCode
 from adapters.sampling.effective_cache import InBackground, effective_for
 from harness import PROJECT_ROOT
 from harness.scenario.vocabulary import SamplingParams
@@ -70,3 +71,21 @@ def test_a_child_that_cannot_run_the_sampling_code_is_a_note(isolated: Path):
     answer = InBackground("no_such_sampling_module", {}, str(isolated / "model"), "float32", [SamplingParams()],
                           apart=True).get(SamplingParams())
     assert "sampling code's process exited 1" in answer["notes"][0] and "ModuleNotFoundError" in answer["notes"][0]
+
+
+def test_one_params_job_serves_several_engines_and_a_repeat_computes_nothing(isolated: Path):
+    """`parity params` sends the engines that share an interpreter and sampling module to one process, each item with
+    its own kwargs, model and dtype, through the cache a run fills."""
+    from harness.semantics.jobs import SamplingJob
+
+    other = isolated / "other-model"
+    other.mkdir()
+    (other / "generation_config.json").write_text('{"top_k": 7}')
+    items = [{"case_id": "a", "params": {"temperature": 0.5}, "model_path": str(isolated / "model")},
+             {"case_id": "b", "params": {"temperature": 0.5}, "model_path": str(other), "dtype": "bfloat16"}]
+    job = SamplingJob("effective", "one, two", SamplingCode(MODULE, {}), isolated / "model", "float32", items,
+                      cached=True)
+    answers = [item["effective"] for item in job.run()["items"]]
+    assert computations(isolated) == 2  # the same params for two models and dtypes: two answers
+    assert [a["temperature"] for a in answers] == [0.5, 0.5]
+    assert [item["effective"] for item in job.run()["items"]] == answers and computations(isolated) == 2
