@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -165,8 +164,8 @@ def run_plans(plans: list[EnginePlan], parallel: int | None, progress: Progress,
     futures = [pool.submit(run.run) for run in runs]
     interrupted = False
     try:
-        while not all(f.done() for f in futures):
-            time.sleep(0.1)  # the main thread stays interruptible
+        while wait(futures, timeout=0.25).not_done:  # returns when the last one ends; Ctrl-C lands between waits
+            pass
     except KeyboardInterrupt:
         interrupted = True
         for run in runs:
