@@ -6,7 +6,8 @@ job: {"task": "effective" | "transplant", "module": the engine's sampling module
   effective items:  {"case_id", "params"} (+ an engine's own "module", "kwargs", "model_path", "dtype")
                                                                        -> {"case_id", "effective"}
   transplant items: {"case_id", "variant", "params", "token_ids", "prompt_len", "logits_path", "out_path"}
-                    -> {"case_id", "variant", "path", "steps", "sampling", "hazards"} or {"error"}
+                    (+ "engine" and the engine's own "module", "kwargs", "model_path", "dtype")
+                    -> {"case_id", "variant", "engine", "path", "steps", "sampling", "hazards"} or {..., "error"}
   beams items:      {"case_id", "engine", "module", "kwargs" (its sampling code), "params", "prompt_ids",
                      "real": [token ids of each beam the engine returned]}
                     -> {"case_id", "engine", "beams", "steps", "real_logprobs"} or {"case_id", "engine", "error"}
@@ -39,12 +40,16 @@ def _effective(module: Any, kwargs: dict, job: dict[str, Any], params: SamplingP
     return module.effective(Path(job["model_path"]), params, job["dtype"], **kwargs).model_dump(mode="json")
 
 
+def _own(job: dict[str, Any], module: Any, kwargs: dict, item: dict[str, Any]) -> dict[str, Any]:
+    """The job as one item sees it: an item may name its own module, kwargs, model_path and dtype (several engines of
+    one interpreter in one job: `params` and `transplant` import an engine package once for all that use it)."""
+    return {**job, "module": module.__name__, "kwargs": kwargs, **{k: item[k] for k in ITEM_OVERRIDES if k in item}}
+
+
 def effective_items(module: Any, kwargs: dict, job: dict[str, Any]) -> list[dict[str, Any]]:
-    """An item may name its own module, kwargs, model_path and dtype (several engines of one interpreter in one
-    job: `parity params` imports an engine package once for all the engines that use it)."""
     out = []
     for item in job["items"]:
-        own = {**job, "module": module.__name__, "kwargs": kwargs, **{k: item[k] for k in ITEM_OVERRIDES if k in item}}
+        own = _own(job, module, kwargs, item)
         params = SamplingParams(**item["params"])
         answer = _effective(importlib.import_module(own["module"]), own["kwargs"], own, params)
         out.append({"case_id": item["case_id"], "effective": answer})
@@ -57,20 +62,22 @@ def transplant_items(module: Any, kwargs: dict, job: dict[str, Any]) -> list[dic
 
     out = []
     for item in job["items"]:
+        own = _own(job, module, kwargs, item)
+        code = importlib.import_module(own["module"])
         params = SamplingParams(**item["params"])
         start, steps = item["prompt_len"] - 1, len(item["token_ids"]) - item["prompt_len"]
         with safe_open(item["logits_path"], framework="pt") as f:
-            logits = f.get_slice("logits")[start : start + steps].to(getattr(torch, job["dtype"]))
+            logits = f.get_slice("logits")[start : start + steps].to(getattr(torch, own["dtype"]))
         record = Recorder()
+        answer = {"case_id": item["case_id"], "variant": item["variant"], "engine": item.get("engine")}
         try:
-            module.transplant(Path(job["model_path"]), params, logits, item["token_ids"], item["prompt_len"], record,
-                              **kwargs)
+            code.transplant(Path(own["model_path"]), params, logits, item["token_ids"], item["prompt_len"], record,
+                            **own["kwargs"])
         except Exception as exc:  # the engine's code refused or crashed outside a recorded op
-            out.append({"case_id": item["case_id"], "variant": item["variant"],
-                        "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400]})
+            out.append({**answer, "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400]})
             continue
-        out.append({"case_id": item["case_id"], "variant": item["variant"], **record.save(Path(item["out_path"])),
-                    "effective": _effective(module, kwargs, job, params)})
+        out.append({**answer, **record.save(Path(item["out_path"])),
+                    "effective": _effective(code, own["kwargs"], own, params)})
     return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ class SamplingJob:
     python: str | None = None
     threads: int = 1
     cached: bool = False  # effective answers through the cache under $LLM_PARITY_CACHE/effective (runs fill it)
+    engines: list[str] = field(default_factory=list)  # the engines whose items it carries (a job may serve several)
 
     def run(self, timeout: float = 600) -> dict[str, Any]:
         if self.code is None:

@@ -91,7 +91,7 @@ def transplant_run(outcome: RunOutcome, scenario: LoadedScenario, names: list[st
     logits = {cid: r.path for cid, r in traced[ref].results.items() if r.status == "ok"}
     out_dir = run_dir / "transplant"
     cases = {c.case_id: c for c in scenario.cases}
-    jobs = {}
+    jobs: dict[tuple[str | None, str], SamplingJob] = {}
     pair_variants = {(name, r.case_id): variants({ref: cases[r.case_id].engine_params[ref],
                                                   name: cases[r.case_id].engine_params[name]})
                      for name in names if name != ref for r in requests}
@@ -112,11 +112,20 @@ def transplant_run(outcome: RunOutcome, scenario: LoadedScenario, names: list[st
                               "token_ids": request.token_ids, "prompt_len": request.prompt_len,
                               "logits_path": logits[request.case_id], "out_path": str(path)})
             (out_dir / name).mkdir(parents=True, exist_ok=True)
+        if name in rejected:
+            continue
         dtype = spec.engine_dtype(name)
-        jobs[name] = SamplingJob("transplant", name, registry.describe(engine.engine).sampling_code(engine.options),
-                                 models.resolve(spec.model, dtype, str(scenario.path)), dtype, items, engine.python,
-                                 spec.engine_threads(name))
-    answers = _run_jobs({n: j for n, j in jobs.items() if n not in rejected})
+        code = registry.describe(engine.engine).sampling_code(engine.options)
+        model_path = models.resolve(spec.model, dtype, str(scenario.path))
+        # engines of one interpreter and sampling module share a process (three vLLM engines import vLLM once)
+        job = jobs.setdefault((engine.python, code.module if code else name), SamplingJob(
+            "transplant", name, code, model_path, dtype, [], engine.python, spec.engine_threads(name)))
+        job.items += [{**item, "engine": name, "kwargs": code.kwargs if code else {}, "model_path": str(model_path),
+                       "dtype": dtype} for item in items]
+        job.engines.append(name)
+    for job in jobs.values():  # a failure names every engine the job served
+        job.engine = ", ".join(job.engines)
+    answers = _run_jobs(list(jobs.values()))
     tokenizer = load_tokenizer(models.resolve(spec.model, spec.engine_dtype(ref), str(scenario.path)))
     verdicts, steps = judge(ref, names, requests, answers, rejected, logits, lambda t: tokenizer.decode([int(t)]))
     if not steps.empty:
@@ -125,20 +134,23 @@ def transplant_run(outcome: RunOutcome, scenario: LoadedScenario, names: list[st
     return TransplantOutcome(verdicts, out_dir, interrupted)
 
 
-def _run_jobs(jobs: dict[str, SamplingJob]) -> dict[str, dict[tuple[str, str], dict[str, Any]] | str]:
+def _run_jobs(jobs: list[SamplingJob]) -> dict[str, dict[tuple[str, str], dict[str, Any]] | str]:
     """engine -> (case, variant) -> its answer, or a string saying why the engine's code could not run."""
 
-    def one(job: SamplingJob):
+    def one(job: SamplingJob) -> dict[str, dict[tuple[str, str], dict[str, Any]] | str]:
         try:
             answer = job.run()
         except SamplingJobFailed as exc:
-            return str(exc)
+            return dict.fromkeys(job.engines, str(exc))
         if "unavailable" in answer:
-            return answer["unavailable"]
-        return {(item["case_id"], item["variant"]): item for item in answer["items"]}
+            return dict.fromkeys(job.engines, answer["unavailable"])
+        found: dict[str, dict[tuple[str, str], dict[str, Any]] | str] = {name: {} for name in job.engines}
+        for item in answer["items"]:
+            found[item["engine"]][(item["case_id"], item["variant"])] = item
+        return found
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(jobs, pool.map(one, jobs.values()), strict=False))
+        return {name: found for answers in pool.map(one, jobs) for name, found in answers.items()}
 
 
 def _scores(item: dict[str, Any]) -> np.ndarray:
