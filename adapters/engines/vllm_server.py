@@ -84,7 +84,10 @@ class Engine(ServedEngine):
 
     def launch(self, setup: EngineSetup, port: int) -> Launch:
         sockets = socket_dir(setup.workdir)
-        env_options = OfflineOptions(kv_cache_gib=self.options.kv_cache_gib, multiprocessing=True,
+        # multiprocessing False: the API server still runs the engine core in a process of its own, but the CPU
+        # platform then keeps vLLM's model runner in that process (uni executor) instead of a third process that
+        # imports vLLM again: ready in 21 s instead of 32 s on a 2-core machine, the same tokens
+        env_options = OfflineOptions(kv_cache_gib=self.options.kv_cache_gib, multiprocessing=False,
                                      batch_invariant=self.options.batch_invariant)
         env = {**os.environ, **prepare_env(setup.workdir, env_options, sockets)}
         if self.options.api_key_env:  # the key goes in the environment, never on the command line (ps shows that)
