@@ -37,14 +37,15 @@ invariance:
   steps: 2
 """
 
-# bf16 HF: batched (left-padded) and one-by-one greedy decoding part where the top-2 logits are (nearly) tied
+# bf16 HF: batched (left-padded) and one-by-one greedy decoding part where the top-2 logits are (nearly) tied.
+# `other` is there because a scenario compares two engines; one token per case is all it needs to generate.
 TIES = """\
 name: invariance-bf16
 model: smollm2-135m
 dtype: bfloat16
 engines:
   hf: {engine: hf, reference: true, invariance: [batch]}
-  other: {engine: hf}
+  other: {engine: hf, params: {max_new_tokens: 1}}
 prompts:
   - {id: capital, text: "The capital of France is"}
   - {id: story, text: "Once upon a time, in a small village by the sea,"}
