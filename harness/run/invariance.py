@@ -4,7 +4,8 @@ variant configuration of one engine; a negative control (a change that must alte
 How requests are arranged is the harness's (alone or in one batch, in order or reversed, one at a time or all at
 once, behind a warm shared prefix, sampled with a seed); how an engine's configuration changes is the engine's
 (EngineDescription.knob: option overrides, or why it cannot). Every distinct configuration is one engine load; the
-scenario's own configuration is the worker that also serves the engine comparison.
+scenario's own configuration is the worker that also serves the engine comparison, and a baseline that would repeat
+the comparison's own calls exactly is judged on its results instead of being sent again.
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ def plan(scenario: LoadedScenario, base_plans: list[EnginePlan], run_dir: Path, 
             for side, which in ((check.baseline, "baseline"), (check.variant, "variant")):
                 overrides = {} if check.control else dict(getattr(_knob(scenario, check), which))
                 side.config = _config_name(name, overrides)
+                if which == "baseline" and _repeats_the_comparison(side, plans[name]):
+                    side.requests, side.groups = cases, []  # judged on the comparison's own results
                 overrides_of[side.config] = overrides
                 extra_groups.setdefault(side.config, []).extend(side.groups)
         checks += mine
@@ -109,6 +112,21 @@ def plan(scenario: LoadedScenario, base_plans: list[EnginePlan], run_dir: Path, 
         extra = engine_plan(scenario, engine, run_dir, requests, plan_name=config, options=options, resolve=resolve)
         out.append(replace(extra, groups=groups))
     return out, checks
+
+
+def _repeats_the_comparison(side: Side, base: EnginePlan) -> bool:
+    """Whether a baseline would send the scenario's cases, unchanged, in the very calls the engine comparison makes
+    under the scenario's own configuration: then its results are the comparison's, and nothing is sent again. (Never
+    a variant: `repeat` compares the comparison's call with the same call made again.)"""
+    if side.config != base.name:
+        return False
+    original = {r.case_id: r for r in base.requests}
+    for request in side.requests:
+        case_id = request.case_id.split("#", 1)[0]
+        if request.model_copy(update={"case_id": case_id}) != original.get(case_id):
+            return False
+    calls = [[r.case_id.split("#", 1)[0] for r in group] for group in side.groups]
+    return calls == [[r.case_id for r in group] for group in base.batches()]
 
 
 def _knob(scenario: LoadedScenario, check: Check) -> Knob:

@@ -83,6 +83,37 @@ invariance: {knobs: [repeat, order], engines: [b], identical: [repeat]}
     assert [scenario.spec.invariance_knobs(n) for n in "abc"] == [["batch"], ["repeat", "order"], []]
 
 
+def test_a_baseline_that_repeats_the_comparisons_calls_is_judged_on_its_results(tmp_path: Path) -> None:
+    from harness.run import invariance
+    from harness.run.execute import plan_engines
+
+    scenario = load(write_scenario(tmp_path / "s.yaml", """\
+model: tiny-llama
+engines:
+  a: {engine: hf, reference: true, invariance: [repeat, order, batch, prefix_cache]}
+  b: {engine: vllm, invariance: [repeat, prefix_cache]}
+prompts: ["x", "y", "z"]
+params: {temperature: 0, max_new_tokens: 4}
+"""))
+    ids = {c.prompt.id: [1, 2 + i] for i, c in enumerate(scenario.cases)}
+    base = plan_engines(scenario, tmp_path, ids, resolve=lambda *_: tmp_path)
+    plans, checks = invariance.plan(scenario, base, tmp_path, [7, 7, 7], resolve=lambda *_: tmp_path)
+    sides = {(c.engine, c.knob): c for c in checks if not c.unsupported}
+    cases = [r.case_id for r in base[0].requests]
+    # repeat, order and the control send the cases in one call, as the comparison does: the comparison's results
+    for knob in ("repeat", "order", "control"):
+        check = sides[("a", knob)]
+        assert [r.case_id for r in check.baseline.requests] == cases and not check.baseline.groups
+        assert {r.case_id.split("#")[1] for r in check.variant.requests} == {f"{knob}.variant"}
+    # one case per call, a shared prefix, another configuration: sent as planned
+    assert sides[("a", "batch")].baseline.requests[0].case_id == f"{cases[0]}#batch.base"
+    assert sides[("b", "prefix_cache")].baseline.requests[0].case_id == f"{cases[0]}#prefix_cache.base"
+    sent = {p.name: [r.case_id for r in p.requests] for p in plans}
+    assert not [c for c in sent["a"] if c.endswith(("repeat.base", "order.base", "control.base"))]
+    assert f"{cases[0]}#repeat.variant" in sent["a"] and f"{cases[0]}#batch.base" in sent["a"]
+    assert sent["b~prefix_caching=False"][0] == f"{cases[0]}#prefix_cache.base"
+
+
 def test_a_sampled_baseline_that_drew_below_its_top_1_is_never_a_near_tie() -> None:
     # The baseline sampled token 9 (its second choice); the variant, with another seed, drew the top-1 token 5. The
     # gap is measured from the token the baseline chose, so this is a real difference even with no drift at all.
