@@ -309,20 +309,26 @@ def env_list() -> None:
 
 @models_app.command("prepare")
 @cli_errors
-def models_prepare(names: Annotated[list[str] | None, typer.Argument(help="models to prepare (default all)")] = None,
+def models_prepare(names: Annotated[list[str] | None, typer.Argument(
+                       help="models to prepare (default: all but the on-demand ones)")] = None,
                    force: Annotated[bool, typer.Option(help="rebuild even if already prepared")] = False) -> None:
     """Convert the bundled models once into the cache (LLM_PARITY_CACHE, default ~/.cache/llm-parity)."""
     from harness import models
 
-    for name in names or list(models.MODELS):
+    for name in names or []:
         if name not in models.MODELS:
             raise ParityError(f"unknown model '{name}': known models are {', '.join(models.MODELS)}")
+    for name in names or [n for n, m in models.MODELS.items() if not m.on_demand or m.prepared()]:
         already = models.MODELS[name].prepared() and not force
         with console.status(f"preparing {name}"):
             path = models.prepare(name, force=force)
         console.print(f"{name}: {'already prepared' if already else 'prepared'} at {path}", highlight=False)
         for engine, line in models.prepare_for_engines(name):
             console.print(f"  {engine}: {line}", highlight=False, markup=False)
+    for name, model in models.MODELS.items():
+        if not names and model.on_demand and not model.prepared():
+            console.print(f"{name}: on first use, or `parity models prepare {name}` ({model.cost})", highlight=False,
+                          markup=False)
 
 
 @models_app.command("list")

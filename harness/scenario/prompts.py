@@ -41,7 +41,7 @@ class PromptTokenizer:
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
         if self.template is None:
-            raise ConfigError("the model has no chat template: use text prompts")
+            raise ConfigError("the model has no chat template (a base model?): give it text prompts")
         special = {k: self.config.get(k) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
         text = self.template.render(messages=messages, add_generation_prompt=True, **special)
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -54,15 +54,21 @@ def load_tokenizer(model_path: Path) -> PromptTokenizer:
     return PromptTokenizer(model_path)
 
 
-def tokenize_prompts(tokenizer: PromptTokenizer, prompts: list[PromptSpec]) -> dict[str, list[int]]:
+def tokenize_prompts(tokenizer: PromptTokenizer, prompts: list[PromptSpec], origin: str = "") -> dict[str, list[int]]:
+    """Each prompt's token ids; a prompt that cannot be tokenised is a ConfigError naming origin (the scenario file)
+    and the prompt."""
+    where = f"{origin}: " if origin else ""
     ids: dict[str, list[int]] = {}
     for prompt in prompts:
         if prompt.token_ids is not None:
             ids[prompt.id] = list(prompt.token_ids)
         elif prompt.messages is not None:
-            ids[prompt.id] = tokenizer.apply_chat_template(prompt.messages)
+            try:
+                ids[prompt.id] = tokenizer.apply_chat_template(prompt.messages)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}prompt {prompt.id}: {exc.message}") from None
         else:
             ids[prompt.id] = tokenizer.encode(prompt.text)
         if not ids[prompt.id]:
-            raise ConfigError(f"prompt {prompt.id}: tokenises to no tokens: give it some text")
+            raise ConfigError(f"{where}prompt {prompt.id}: tokenises to no tokens: give it some text")
     return ids

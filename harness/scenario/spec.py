@@ -288,6 +288,7 @@ def _check_engines(source: YamlSource, spec: Scenario) -> None:
     """Engine types must be registered, their options valid for the adapter, and their dtype one the engine runs
     (checked before anything runs)."""
     from adapters import registry
+    from harness.models import catalog as models
 
     for name, engine in spec.engines.items():
         try:
@@ -298,7 +299,8 @@ def _check_engines(source: YamlSource, spec: Scenario) -> None:
         except ValidationError as exc:
             raise source.validation_error(exc, ("engines", name, "options")) from None
         _check_drift(source, spec, name)
-        problem = description.dtype_problem(spec.engine_dtype(name), engine.options)
+        problem = description.dtype_problem(spec.engine_dtype(name), engine.options) or \
+            models.dtype_problem(spec.model, spec.engine_dtype(name))
         if problem:
             where = ("engines", name, "dtype") if engine.dtype else ("dtype",) if "dtype" in source.data \
                 else ("engines", name)

@@ -1,0 +1,26 @@
+"""What a model family cannot run, as data: checked when a scenario is validated, before any engine starts.
+
+Gemma 2 and 3 produce activations beyond float16's range: transformers gives NaN (transformers#36822) and vLLM
+refuses float16 for them (its _FLOAT16_NOT_SUPPORTED_MODELS), so a float16 run would only measure the overflow.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+FLOAT16_OVERFLOWS = frozenset({"gemma2", "gemma3", "gemma3_text"})
+
+
+def model_type(folder: Path) -> str | None:
+    """config.json's model_type of an HF folder, read without transformers (None if there is no config)."""
+    config = folder / "config.json"
+    return json.loads(config.read_text()).get("model_type") if config.exists() else None
+
+
+def dtype_problem(family: str | None, dtype: str) -> str | None:
+    """Why a model of this family cannot run in this dtype, or None."""
+    if dtype == "float16" and family in FLOAT16_OVERFLOWS:
+        return (f"model type {family} overflows float16 (transformers gives NaN, vLLM refuses it): "
+                "use float32 or bfloat16")
+    return None
