@@ -53,6 +53,11 @@ def token_drift(base_logits: np.ndarray, logits: np.ndarray, targets: np.ndarray
                       delta_p=np.exp(other_t) - np.exp(base_t), nll=-other_t, nll_base=-base_t)
 
 
+def concat(parts: list[TokenDrift]) -> TokenDrift:
+    """Token drift of consecutive chunks of positions, joined in order."""
+    return TokenDrift(*(np.concatenate([getattr(p, f) for p in parts]) for f in TokenDrift.__dataclass_fields__))
+
+
 @dataclass(frozen=True)
 class DriftStats:
     tokens: int

@@ -131,6 +131,7 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
                                                  traces[(ref, request.case_id)], floor_summary, k, decode)
             localisations.append(loc)
             if frame is not None:
+                notes += [f"{request.case_id}: {name}: {note}" for note in frame.attrs.get("notes", [])]
                 per_position.append(frame.assign(case_id=request.case_id, engine=name, compared_to=ref))
                 per_point.append(points.assign(case_id=request.case_id, engine=name))
     explain_dir = run_dir / "explain"

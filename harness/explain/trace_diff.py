@@ -19,23 +19,57 @@ EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "bfloat16": 2.0**-7, "float16":
 METRICS = ("max_abs", "rel_l2", "cosine", "rel_diff")
 
 
+CHUNK_BYTES = 64 << 20  # float64 bytes of one side's rows compared at once: a 262k-vocabulary logits tensor of
+# 1,500 positions is 3.1 GB in float64, so points are read and compared in row chunks of at most this size
+
+
+NUMPY_DTYPE = {"F32": np.float32, "F64": np.float64, "F16": np.float16}
+
+
 class Trace:
-    """Lazy reader: tensors are read one at a time, so comparing 400 points never holds a whole trace."""
+    """Lazy reader of a trace file (the safetensors layout: an 8-byte header length, a JSON header, raw row-major
+    data). Rows are read with positioned reads into fresh buffers, a point and a chunk of rows at a time, never
+    memory-mapped: comparing 400 points, or one logits tensor of a huge vocabulary, holds one chunk, not the file."""
 
     def __init__(self, path: str | Path):
-        from safetensors import safe_open
+        import json
+        import struct
 
         self.path = Path(path)
-        self.file = safe_open(str(path), framework="numpy")
-        self.metadata = self.file.metadata() or {}
-        self.points = ordered(list(self.file.keys()))
+        with open(self.path, "rb") as file:
+            (length,) = struct.unpack("<Q", file.read(8))
+            header = json.loads(file.read(length))
+        self.data_start = 8 + length
+        self.metadata = header.pop("__metadata__", None) or {}
+        self.tensors = header
+        self.points = ordered(list(header))
 
-    def get(self, point: str) -> np.ndarray:
-        return self.file.get_tensor(point).astype(np.float64, copy=False)
+    def shape(self, point: str) -> tuple[int, int]:
+        rows, width = self.tensors[point]["shape"]
+        return int(rows), int(width)
+
+    def rows(self, point: str, start: int, stop: int, width: int | None = None) -> np.ndarray:
+        """Rows start..stop of a point (its first `width` columns when given), in float64."""
+        entry = self.tensors[point]
+        dtype = np.dtype(NUMPY_DTYPE[entry["dtype"]])
+        full_width = int(entry["shape"][1])
+        stop = min(stop, int(entry["shape"][0]))
+        buffer = np.empty((max(0, stop - start), full_width), dtype=dtype)
+        with open(self.path, "rb") as file:
+            file.seek(self.data_start + entry["data_offsets"][0] + start * full_width * dtype.itemsize)
+            file.readinto(memoryview(buffer).cast("B"))
+        block = buffer if width is None else buffer[:, :width]
+        return block.astype(np.float64, copy=False)
 
     @property
     def fused(self) -> set[str]:
         return set(filter(None, self.metadata.get("fused", "").split(",")))
+
+
+def row_chunks(rows: int, width: int, budget: int = CHUNK_BYTES) -> list[tuple[int, int]]:
+    """(start, stop) row ranges covering `rows`, each holding at most `budget` float64 bytes (at least one row)."""
+    step = max(1, budget // max(1, width * 8))
+    return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
 def position_metrics(x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
@@ -50,19 +84,36 @@ def position_metrics(x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
                 "rel_diff": 1.0 - 2.0 * xy / np.maximum(xx + yy, tiny)}
 
 
+def compared_width(point: str, x_shape: tuple[int, int], y_shape: tuple[int, int], names: tuple[str, str]) -> int:
+    """The columns two traces' tensors of a point are compared over. Logits may differ in width (an engine that
+    trims its output layer to the tokenizer's vocabulary): they are compared over the shared token ids, which
+    compare_traces records in the frame's attrs. Any other shape difference is an error."""
+    if x_shape == y_shape:
+        return x_shape[1]
+    if point == "logits" and x_shape[0] == y_shape[0]:
+        return min(x_shape[1], y_shape[1])
+    raise ValueError(f"{point}: shapes differ ({x_shape} in {names[0]}, {y_shape} in {names[1]})")
+
+
 def compare_traces(reference: Trace, other: Trace) -> pd.DataFrame:
-    """One row per shared point and position: point, layer, position and the four metrics."""
+    """One row per shared point and position: point, layer, position and the four metrics, computed chunk by
+    chunk of rows. frame.attrs["notes"] says where only part of a point was compared."""
     shared = [p for p in reference.points if p in set(other.points)]
-    frames = []
+    frames, notes = [], []
     for point in shared:
-        x, y = reference.get(point), other.get(point)
-        if x.shape != y.shape:
-            raise ValueError(f"{point}: shapes differ ({x.shape} in {reference.path.name}, {y.shape} in "
-                             f"{other.path.name})")
-        metrics = position_metrics(x, y)
-        frames.append(pd.DataFrame({"point": point, "layer": parse(point)[0], "position": np.arange(x.shape[0]),
+        x_shape, y_shape = reference.shape(point), other.shape(point)
+        width = compared_width(point, x_shape, y_shape, (reference.path.name, other.path.name))
+        if width < max(x_shape[1], y_shape[1]):
+            notes.append(f"{point}: compared over the {width} token ids both engines score ({x_shape[1]} in "
+                         f"{reference.path.name}, {y_shape[1]} in {other.path.name})")
+        parts = [position_metrics(reference.rows(point, a, b, width), other.rows(point, a, b, width))
+                 for a, b in row_chunks(x_shape[0], width)]
+        metrics = {m: np.concatenate([part[m] for part in parts]) for m in METRICS}
+        frames.append(pd.DataFrame({"point": point, "layer": parse(point)[0], "position": np.arange(x_shape[0]),
                                     **metrics}))
-    return pd.concat(frames, ignore_index=True)
+    frame = pd.concat(frames, ignore_index=True)
+    frame.attrs["notes"] = notes
+    return frame
 
 
 def summarize(per_position: pd.DataFrame) -> pd.DataFrame:
@@ -100,6 +151,6 @@ def against_floor(summary: pd.DataFrame, floor: pd.DataFrame | None, dtype: str,
 
 def top2(trace: Trace, position: int) -> tuple[list[int], float]:
     """The two best token ids at a position of a trace's logits and their log-probability margin."""
-    logits = trace.file.get_slice("logits")[position : position + 1].astype(np.float64)[0]
+    logits = trace.rows("logits", position, position + 1)[0]
     ids = np.argsort(-logits)[:2]
     return [int(i) for i in ids], float(logits[ids[0]] - logits[ids[1]])

@@ -90,8 +90,7 @@ def _judge(name: str, baseline: str, case_id: str, results: dict[tuple[str, str]
     prompt_len = len(base_result.prompt_ids)
     sequence = np.array([*base_result.prompt_ids, *base_result.token_ids])
     scored = slice(prompt_len - 1, len(sequence) - 1)  # the positions that predict the generated tokens
-    logits = [_logits(found[engine].path)[scored] for engine in (baseline, name)]
-    per_token = drift.token_drift(logits[0], logits[1], sequence[prompt_len:])
+    per_token = _token_drift(found[baseline].path, found[name].path, scored, sequence[prompt_len:])
     stats = drift.summarize(per_token)
     ok, explanation = drift.judge(stats, thresholds, name, baseline)
     row = {"case_id": case_id, "engine": name, "against": baseline, "status": "ok", "ok": ok, **stats.as_dict(),
@@ -107,8 +106,14 @@ def _trace_error(result: TraceResult | None) -> str:
     return "" if result.status == "ok" else result.error
 
 
-def _logits(path: str) -> np.ndarray:
-    from safetensors import safe_open
+def _token_drift(base_path: str, path: str, scored: slice, targets: np.ndarray) -> drift.TokenDrift:
+    """Per-token drift over the scored rows of two traces' logits, read and measured a bounded chunk of rows at a
+    time (a 262k-vocabulary row is 2 MB in float64)."""
+    from harness.explain.trace_diff import Trace, row_chunks
 
-    with safe_open(path, framework="numpy") as trace:
-        return trace.get_tensor("logits")
+    base, other = Trace(base_path), Trace(path)
+    width = base.shape("logits")[1]
+    parts = [drift.token_drift(base.rows("logits", scored.start + a, scored.start + b),
+                               other.rows("logits", scored.start + a, scored.start + b), targets[a:b])
+             for a, b in row_chunks(len(targets), width)]
+    return drift.concat(parts)
