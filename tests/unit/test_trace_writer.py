@@ -1,0 +1,50 @@
+"""The trace writer takes a point whole or in row chunks interleaved with other points' chunks, and writes a
+safetensors file that both safetensors and the harness's chunked reader read back row for row."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file
+
+from adapters.tracing.writer import TraceWriter
+from harness.explain.trace_diff import Trace
+
+
+def test_interleaved_chunks_are_written_as_whole_points(tmp_path) -> None:
+    path = tmp_path / "case.safetensors"
+    writer = TraceWriter(path, torch.float32)
+    q, logits = torch.randn(5, 4), torch.randn(5, 7)
+    writer.add("embeddings", torch.ones(5, 3, dtype=torch.float64))
+    for start, stop in ((0, 2), (2, 5)):  # chunked prefill: every point of one chunk, then the next chunk
+        writer.append("layers.0.q", q[start:stop])
+        writer.append("logits", logits[start:stop])
+    assert writer.rows("logits") == 5 and writer.rows("final_norm") == 0
+    assert writer.close({"engine": "test"}) == ["embeddings", "layers.0.q", "logits"]
+    tensors = load_file(str(path))
+    np.testing.assert_array_equal(tensors["layers.0.q"], q.numpy())
+    np.testing.assert_array_equal(tensors["logits"], logits.numpy())
+    trace = Trace(path)
+    assert trace.shape("logits") == (5, 7) and trace.metadata == {"engine": "test"}
+    np.testing.assert_array_equal(trace.rows("logits", 1, 4), logits.numpy()[1:4].astype(np.float64))
+    assert not path.with_name(f".{path.name}.data").exists()
+
+
+def test_a_whole_point_cannot_be_extended_and_widths_must_agree(tmp_path) -> None:
+    writer = TraceWriter(tmp_path / "case.safetensors", torch.float32)
+    writer.add("logits", torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="captured twice"):
+        writer.append("logits", torch.zeros(1, 3))
+    writer.append("layers.0.k", torch.zeros(1, 4))
+    with pytest.raises(ValueError, match="width"):
+        writer.append("layers.0.k", torch.zeros(1, 5))
+    writer.discard()
+
+
+def test_nonfinite_values_are_counted_across_chunks(tmp_path) -> None:
+    writer = TraceWriter(tmp_path / "case.safetensors", torch.float32)
+    writer.append("logits", torch.tensor([[float("inf"), 0.0]]))
+    writer.append("logits", torch.tensor([[float("nan"), float("nan")]]))
+    assert writer.nonfinite == {"logits": 3}
+    writer.discard()
