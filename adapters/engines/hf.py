@@ -21,7 +21,9 @@ from adapters.contract import (
     request_knobs,
     top_k_of,
 )
+from adapters.tracing.arch_maps import ArchMap
 from adapters.tracing.capture import Capture, run_traces
+from harness.explain.points import layer_point, parse
 from harness.scenario.vocabulary import SamplingParams
 from harness.types import EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
 
@@ -225,19 +227,25 @@ class Engine:
         return len(ids), "length"
 
     def _capture(self) -> Capture:
-        from adapters.tracing.arch_maps import HF_LLAMA, HF_OPT, arch_map, by_model_type, sizes
+        from adapters.tracing.arch_maps import HF_MAPS, arch_map, sizes
 
         config = self.model.config
-        arch = arch_map(by_model_type(HF_LLAMA, HF_OPT), config.model_type, self.name)
-        rope = HfRope(self.model, sizes(config)) if hasattr(self.model.model, "rotary_emb") else None
-        return Capture(self.model, arch, sizes(config), config.num_hidden_layers, rope.derive if rope else None)
+        arch = arch_map(HF_MAPS, config.model_type, self.name)
+        widths = sizes(config)
+        derive = HfRope(self.model, arch, widths["head_dim"], config.num_hidden_layers).derive if arch.rope else None
+        return Capture(self.model, arch, widths, config.num_hidden_layers, derive)
 
     def trace(self, requests: list[TraceRequest]) -> Iterator[TraceResult]:
         torch = self.torch
 
         def forward(token_ids: list[int]) -> None:
+            """The decoder once, then lm_head a slice of positions at a time (each slice streamed by the capture),
+            so the logits of every position are never in memory at once."""
             with torch.inference_mode():
-                self.model(input_ids=torch.tensor([token_ids]), use_cache=False)
+                hidden = self.model.base_model(input_ids=torch.tensor([token_ids]), use_cache=False)[0]
+                if self.capture.only is None or "logits" in self.capture.only:
+                    for start in range(0, hidden.shape[1], LOGITS_SLICE):
+                        self.model.lm_head(hidden[:, start:start + LOGITS_SLICE])
 
         store = torch.float64 if self.dtype == "float64" else torch.float32
         yield from run_traces(self.name, self.capture, requests, self.workdir, store, forward,
@@ -249,31 +257,43 @@ class Engine:
         self.model = None
 
 
+LOGITS_SLICE = 128  # positions whose logits a traced pass computes at once (128 MB at a 262k vocabulary)
+
+
 class HfRope:
     """q and k after rope, computed the way HF's attention computes them inside forward (the modeling module's own
-    apply_rotary_pos_emb on the captured q, k and the model's rotary cos/sin), since HF has no module for it."""
+    apply_rotary_pos_emb on the captured points rope is applied to, with the (cos, sin) each layer's attention
+    received), since HF has no module whose output they are."""
 
-    def __init__(self, model: Any, widths: dict[str, int]):
+    def __init__(self, model: Any, arch: ArchMap, head_dim: int, num_layers: int):
         import sys
 
         self.apply = sys.modules[type(model).__module__].apply_rotary_pos_emb
-        self.head_dim = widths["head_dim"]
-        self.cos_sin: tuple | None = None
+        self.rope, self.head_dim = arch.rope, head_dim
+        self.cos_sin: dict[int, tuple] = {}
         self.q = None
-        model.model.rotary_emb.register_forward_hook(lambda _m, _a, output: setattr(self, "cos_sin", output))
+        modules = dict(model.named_modules())
+        for layer in range(num_layers):
+            modules[f"{arch.layers}.{layer}.{self.rope.attention}"].register_forward_pre_hook(
+                lambda _m, _args, kwargs, layer=layer: self._keep(layer, kwargs), with_kwargs=True)
+
+    def _keep(self, layer: int, kwargs: dict[str, Any]) -> None:
+        self.cos_sin[layer] = kwargs.get("position_embeddings")
 
     def _heads(self, rows):  # [seq, heads*dim] -> [1, heads, seq, dim], HF's attention layout
-        return rows.view(1, rows.shape[0], -1, self.head_dim).transpose(1, 2)
+        return rows.reshape(1, rows.shape[0], -1, self.head_dim).transpose(1, 2)
 
     def derive(self, name: str, rows) -> list[tuple[str, Any]]:
-        if name.endswith(".q"):
+        layer, point = parse(name)
+        if point == self.rope.q:
             self.q = rows
-        if not name.endswith(".k"):
+        if point != self.rope.k:
             return []
-        q, k = self.apply(self._heads(self.q), self._heads(rows), *self.cos_sin)
-        prefix = name[: -len("k")]
+        if self.cos_sin.get(layer) is None:
+            raise RuntimeError(f"trace: layer {layer}'s attention got no position_embeddings to derive rope from")
+        q, k = self.apply(self._heads(self.q), self._heads(rows), *self.cos_sin[layer])
         flat = [t.transpose(1, 2)[0].reshape(rows.shape[0], -1) for t in (q, k)]
-        return [(prefix + "q_rope", flat[0]), (prefix + "k_rope", flat[1])]
+        return [(layer_point(layer, "q_rope"), flat[0]), (layer_point(layer, "k_rope"), flat[1])]
 
 
 DESCRIPTION = EngineDescription(

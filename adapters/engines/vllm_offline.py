@@ -165,10 +165,10 @@ class Engine:
                 self.capture = self._capture(model)
 
     def _capture(self, model: Any) -> Capture:
-        from adapters.tracing.arch_maps import VLLM_LLAMA, VLLM_OPT, arch_map, by_model_type, sizes
+        from adapters.tracing.arch_maps import VLLM_MAPS, arch_map, sizes
 
         config = self.llm.llm_engine.model_config.hf_config
-        arch = arch_map(by_model_type(VLLM_LLAMA, VLLM_OPT), config.model_type, self.name)
+        arch = arch_map(VLLM_MAPS, config.model_type, self.name)
         return Capture(model, arch, sizes(config), config.num_hidden_layers)
 
     def trace(self, requests: list[TraceRequest]) -> Iterator[TraceResult]:

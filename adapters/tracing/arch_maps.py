@@ -19,6 +19,18 @@ class Tap:
     # len(points) tensor arguments) | sum (of a 2-tuple output) | each (element of a tuple output)
     split: tuple[str, ...] = ()  # size names (see sizes()) splitting the last dimension into `points`
     last_first: bool = False  # delivered in two calls, the last position's row first (vLLM's logits)
+    heads_first: bool = False  # [batch, heads, seq, head_dim] (HF's per-head q/k norms), not [batch, seq, ...]
+
+
+@dataclass(frozen=True)
+class DerivedRope:
+    """Where an engine applies rope inside its attention forward, with no module whose output is the roped q and k
+    (HF): q_rope and k_rope are derived from these two points and the (cos, sin) the attention module receives as
+    its `position_embeddings` argument, so each layer gets its own rope (Gemma's sliding and full layers differ)."""
+
+    q: str  # canonical point rope is applied to (q, or q_norm where per-head norms come first)
+    k: str
+    attention: str = "self_attn"  # the attention module, relative to the layer
 
 
 @dataclass(frozen=True)
@@ -29,10 +41,12 @@ class ArchMap:
     per_layer: tuple[Tap, ...]
     after: tuple[Tap, ...]
     fused: tuple[str, ...] = ()  # canonical points this engine computes in a fused module, for the report
+    rope: DerivedRope | None = None  # rope the adapter derives itself (None: captured, or the family has none)
 
 
-def _t(points: str, module: str, take: str = "output", split: tuple[str, ...] = (), last_first: bool = False) -> Tap:
-    return Tap(tuple(points.split()), module, take, split, last_first)
+def _t(points: str, module: str, take: str = "output", split: tuple[str, ...] = (), last_first: bool = False,
+       heads_first: bool = False) -> Tap:
+    return Tap(tuple(points.split()), module, take, split, last_first, heads_first)
 
 
 HF_LLAMA = ArchMap(
@@ -41,13 +55,14 @@ HF_LLAMA = ArchMap(
     per_layer=(
         _t("input_norm", "input_layernorm"),
         _t("q", "self_attn.q_proj"), _t("k", "self_attn.k_proj"), _t("v", "self_attn.v_proj"),
-        # q_rope and k_rope are derived by the HF adapter from q, k and the model's rotary (cos, sin)
+        # q_rope and k_rope: derived by the adapter (rope below)
         _t("attn", "self_attn.o_proj", "input"), _t("o_proj", "self_attn.o_proj"),
         _t("post_norm", "post_attention_layernorm"),
         _t("gate", "mlp.gate_proj"), _t("up", "mlp.up_proj"), _t("mlp", "mlp"),
         _t("residual", ""),
     ),
     after=(_t("final_norm", "model.norm"), _t("logits", "lm_head")),
+    rope=DerivedRope("q", "k"),
 )
 
 HF_OPT = ArchMap(
@@ -62,6 +77,27 @@ HF_OPT = ArchMap(
         _t("residual", ""),
     ),
     after=(_t("final_norm", "model.decoder.final_layer_norm"), _t("logits", "lm_head")),
+)
+
+# Gemma 3 (text): q_norm and k_norm per head, then rope (local base on sliding layers, global on full ones); sandwich
+# norms around attention and MLP; embeddings scaled by sqrt(hidden), inside embed_tokens in HF but after it in vLLM,
+# so both engines' embeddings are taken where they agree: the input of layer 0's input norm.
+HF_GEMMA3 = ArchMap(
+    "hf-gemma3", "model.layers",
+    before=(_t("embeddings", "model.layers.0.input_layernorm", "input"),),
+    per_layer=(
+        _t("input_norm", "input_layernorm"),
+        _t("q", "self_attn.q_proj"), _t("k", "self_attn.k_proj"), _t("v", "self_attn.v_proj"),
+        _t("q_norm", "self_attn.q_norm", heads_first=True), _t("k_norm", "self_attn.k_norm", heads_first=True),
+        _t("attn", "self_attn.o_proj", "input"), _t("o_proj", "self_attn.o_proj"),
+        _t("attn_post_norm", "post_attention_layernorm"),
+        _t("post_norm", "pre_feedforward_layernorm"),
+        _t("gate", "mlp.gate_proj"), _t("up", "mlp.up_proj"), _t("mlp", "mlp"),
+        _t("ffn_post_norm", "post_feedforward_layernorm"),
+        _t("residual", ""),
+    ),
+    after=(_t("final_norm", "model.norm"), _t("logits", "lm_head")),
+    rope=DerivedRope("q_norm", "k_norm"),
 )
 
 # vLLM (0.32, CPU, eager): every tensor is [tokens, width]; linear layers return (output, bias); norms called with a
@@ -100,12 +136,38 @@ VLLM_OPT = ArchMap(
     fused=("q", "k", "v"),
 )
 
+# q_norm and k_norm take [tokens, heads, head_dim]; with a residual, the pre-MLP norm returns (normed, residual) and
+# adds the attention branch into the residual, which the layer returns beside the post-MLP norm's output.
+VLLM_GEMMA3 = ArchMap(
+    "vllm-gemma3", "model.layers",
+    before=(_t("embeddings", "model.layers.0.input_layernorm", "input"),),
+    per_layer=(
+        _t("input_norm", "input_layernorm"),
+        _t("q k v", "self_attn.qkv_proj", split=("q", "kv", "kv")),
+        _t("q_norm", "self_attn.q_norm"), _t("k_norm", "self_attn.k_norm"),
+        _t("q_rope k_rope", "self_attn.attn", "inputs"),
+        _t("attn", "self_attn.o_proj", "input"), _t("o_proj", "self_attn.o_proj"),
+        _t("attn_post_norm", "post_attention_layernorm"),
+        _t("post_norm", "pre_feedforward_layernorm"),
+        _t("gate up", "mlp.gate_up_proj", split=("ffn", "ffn")), _t("mlp", "mlp"),
+        _t("ffn_post_norm", "post_feedforward_layernorm"),
+        _t("residual", "", "sum"),
+    ),
+    after=(_t("final_norm", "model.norm"), _t("logits", "logits_processor", last_first=True)),
+    fused=("q", "k", "v", "gate", "up"),
+)
+
 LLAMA_FAMILY = ("llama", "qwen2", "mistral")
 
 
-def by_model_type(llama: ArchMap, opt: ArchMap) -> dict[str, ArchMap]:
-    """An engine's maps keyed by HF config model_type (the Llama family shares one layout)."""
-    return {**{m: llama for m in LLAMA_FAMILY}, "opt": opt}
+def by_model_type(llama: ArchMap, opt: ArchMap, gemma3: ArchMap) -> dict[str, ArchMap]:
+    """An engine's maps keyed by HF config model_type (the Llama family shares one layout). Gemma 3's multimodal
+    model (model_type gemma3) nests the same text layers under other paths and configs: it has no map."""
+    return {**{m: llama for m in LLAMA_FAMILY}, "opt": opt, "gemma3_text": gemma3}
+
+
+HF_MAPS = by_model_type(HF_LLAMA, HF_OPT, HF_GEMMA3)
+VLLM_MAPS = by_model_type(VLLM_LLAMA, VLLM_OPT, VLLM_GEMMA3)
 
 
 def arch_map(maps: dict[str, ArchMap], model_type: str, engine: str) -> ArchMap:

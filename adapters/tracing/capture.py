@@ -4,8 +4,9 @@ teacher-forced pass and stream them to a TraceWriter. Which module yields which 
 
 Hooks are registered once after the engine has loaded and stay idle (a flag check) outside a traced pass, so
 warm-up runs and ordinary generation are not captured. Engines that flatten the batch ([tokens, width], vLLM) and
-engines that keep it ([1, seq, width], HF) both end up as [positions, width]; a point delivered in several chunks
-(chunked prefill, or logits computed in two calls) is collected until it has one row per position.
+engines that keep it ([1, seq, width], HF; per-head tensors [1, heads, seq, dim]) all end up as [positions, width]; a
+point delivered in several chunks (chunked prefill, logits computed in two calls or in slices) is streamed to the
+writer chunk by chunk until it has one row per position.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class Capture:
             self._on_tensor(tap, names, output[0] + output[1])
         elif tap.take == "each":
             for name, tensor in zip(names, output, strict=False):
-                self._emit(name, tensor)
+                self._emit(name, tensor, tap)
         else:
             self._on_tensor(tap, names, output[0] if isinstance(output, (tuple, list)) else output)
 
@@ -76,47 +77,57 @@ class Capture:
             self._on_tensor(tap, names, tensors[0])
             return
         for name, tensor in zip(names, tensors, strict=False):
-            self._emit(name, tensor)
+            self._emit(name, tensor, tap)
 
     def _on_tensor(self, tap: Tap, names: tuple[str, ...], tensor: Any) -> None:
         if self.writer is None:
             return
         if not tap.split:
-            self._emit(names[0], tensor, tap.last_first)
+            self._emit(names[0], tensor, tap)
             return
         sizes = [self.sizes[s] for s in tap.split]
         for name, part in zip(names, tensor.split(sizes, dim=-1), strict=False):
-            self._emit(name, part)
+            self._emit(name, part, tap)
 
-    def _emit(self, name: str, tensor: Any, last_first: bool = False) -> None:
+    def _emit(self, name: str, tensor: Any, tap: Tap) -> None:
         if self.only is not None and name not in self.only:
             return
-        rows = tensor[0] if tensor.dim() == 3 and tensor.shape[0] == 1 else tensor  # HF keeps a batch of 1
-        rows = rows.reshape(rows.shape[0], -1)  # [tokens, heads, dim] -> [tokens, heads*dim]
-        chunks = self.pending.setdefault(name, [])
-        if not chunks and rows.shape[0] >= self.positions:
-            full = rows  # the usual case: every position in one call
-        else:
-            chunks.append(rows.detach().clone())  # the engine may reuse its buffer before the next chunk
-            if sum(c.shape[0] for c in chunks) < self.positions:
-                return
-            import torch
-
-            full = torch.cat(chunks[1:] + chunks[:1] if last_first else chunks, dim=0)
-        del self.pending[name]
-        if full.shape[0] != self.positions:
-            raise RuntimeError(f"trace: {name} has {full.shape[0]} rows for {self.positions} positions")
-        self.writer.add(name, full)
+        rows = _rows(tensor, tap)
+        if name in self.pending or rows.shape[0] < self.positions:
+            self._stream(name, rows, tap)
+            return
+        if rows.shape[0] != self.positions:
+            raise RuntimeError(f"trace: {name} has {rows.shape[0]} rows for {self.positions} positions")
+        self.writer.add(name, rows)
         if self.derive is not None:
-            for extra, value in self.derive(name, full):
+            for extra, value in self.derive(name, rows):
                 self.writer.add(extra, value)
+
+    def _stream(self, name: str, rows: Any, tap: Tap) -> None:
+        """A point delivered in chunks of positions: each chunk goes to the writer as it comes, so a point is never
+        whole in memory (a 262k-vocabulary logits tensor is 1 MB a row). Where the last position's row comes first
+        (vLLM's logits), that row is held back and written last. Chunked points get no derived points."""
+        held = self.pending.setdefault(name, [])
+        if tap.last_first and not held and self.writer.rows(name) == 0:
+            held.append(rows.detach().clone())  # the engine may reuse its buffer before the other rows come
+        else:
+            self.writer.append(name, rows)
+        done = self.writer.rows(name) + sum(h.shape[0] for h in held)
+        if done < self.positions:
+            return
+        for row in held:
+            self.writer.append(name, row)
+        del self.pending[name]
+        if done != self.positions:
+            raise RuntimeError(f"trace: {name} has {done} rows for {self.positions} positions")
 
     def begin(self, writer: TraceWriter, positions: int, only: list[str] | None = None) -> None:
         self.writer, self.positions, self.pending = writer, positions, {}
         self.only = set(only) if only is not None else None
 
     def end(self) -> None:
-        incomplete = {name: sum(c.shape[0] for c in chunks) for name, chunks in self.pending.items()}
+        incomplete = {name: self.writer.rows(name) + sum(h.shape[0] for h in held)
+                      for name, held in self.pending.items()}
         self.writer, self.pending = None, {}
         if incomplete:
             raise RuntimeError(f"trace: points captured for only part of the positions: {incomplete}")
@@ -125,6 +136,15 @@ class Capture:
         for handle in self.handles:
             handle.remove()
         self.handles = []
+
+
+def _rows(tensor: Any, tap: Tap) -> Any:
+    """One row per position: [positions, width], whatever the engine's layout."""
+    if tap.heads_first:
+        tensor = tensor[0].transpose(0, 1)  # [1, heads, seq, dim] -> [seq, heads, dim]
+    elif tensor.dim() == 3 and tensor.shape[0] == 1:
+        tensor = tensor[0]  # HF keeps a batch of one (except where a module flattens it, as OPT's MLP does)
+    return tensor.reshape(tensor.shape[0], -1)  # [tokens, heads, dim] -> [tokens, heads*dim]
 
 
 def trace_path(workdir: Path, case_id: str) -> Path:

@@ -125,10 +125,13 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
         grew = jump(points, index)
         base["out_of_floor"] = {"point": row["point"], "layer": int(row["layer"]), "component": row["component"],
                                 "cause": cause, "error": float(row["error"]), "floor": float(row["floor"]),
-                                "ratio": float(row["ratio"]), "jump": grew, "position": int(row["worst_position"])}
+                                "ratio": float(row["ratio"]), "jump": grew, "position": int(row["worst_position"]),
+                                "first_position": int(row.get("first_out_position", row["worst_position"]))}
         origin = ("its inputs agree exactly, so the difference starts here" if grew == float("inf")
                   else f"{_fmt(grew)}x the error of its inputs")
-        verdict = (f"{_where(row['point'])} leaves the noise floor first: relative error {_fmt(row['error'])} is "
+        since = base["out_of_floor"]["first_position"]
+        verdict = (f"{_where(row['point'])} leaves the noise floor first (from position {since}): relative error "
+                   f"{_fmt(row['error'])} is "
                    f"{_fmt(row['ratio'])}x the floor ({_fmt(row['floor'])}; threshold {k:g}x), {origin}. Candidate "
                    f"cause: {cause}. {step_note}.")
         return Localisation(cause="component", verdict=verdict, **base)

@@ -20,7 +20,7 @@ from harness import models
 from harness.compare.own_top1 import TIE
 from harness.errors import ConfigError
 from harness.explain.localise import Divergence, Localisation, localise
-from harness.explain.trace_diff import Trace, against_floor, compare_traces, summarize, top2
+from harness.explain.trace_diff import Trace, against_floor, compare_traces, first_out, summarize, top2
 from harness.run.executor import Progress, run_engines
 from harness.run.finish import RunOutcome
 from harness.run.plan import engine_plan
@@ -241,7 +241,7 @@ def _explain_engine(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFr
                              verdict=f"no trace from {name}: {_error(result)}"),
                 None, None)
     frame = compare_traces(ref_trace, trace)
-    points = against_floor(summarize(frame), floor_summary, spec.engine_dtype(ref), k)
+    points = first_out(against_floor(summarize(frame), floor_summary, spec.engine_dtype(ref), k), frame)
     verdict = outcome.verdicts.set_index(["engine", "case_id"]).loc[(name, request.case_id)]
     divergence = None
     if verdict["verdict"] in ("diverged", "benign_tie") and verdict["first_divergence"] >= 0:

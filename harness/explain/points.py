@@ -7,22 +7,28 @@ A trace file holds one [positions, width] tensor per point, named `embeddings`, 
 
 from __future__ import annotations
 
-# Per decoder layer, in computation order. q/k/v are after projection and before rope; q_rope/k_rope after rope;
-# attn is the attention output before o_proj; residual is the residual stream after the layer.
-LAYER_POINTS = ("input_norm", "q", "k", "v", "q_rope", "k_rope", "attn", "o_proj", "post_norm", "gate", "up", "mlp",
-                "residual")
+# Per decoder layer, in computation order. q/k/v are after projection and before rope (q_norm/k_norm: per-head norms
+# some families apply before rope); q_rope/k_rope after rope; attn is the attention output before o_proj; attn_post_norm
+# a sandwich norm on o_proj's output before the residual add (Gemma's post_attention_layernorm); post_norm the norm
+# before the MLP (Llama's post_attention_layernorm, Gemma's pre_feedforward_layernorm); ffn_post_norm a sandwich norm
+# on the MLP's output; residual is the residual stream after the layer.
+LAYER_POINTS = ("input_norm", "q", "k", "v", "q_norm", "k_norm", "q_rope", "k_rope", "attn", "o_proj", "attn_post_norm",
+                "post_norm", "gate", "up", "mlp", "ffn_post_norm", "residual")
 
 # Which part of the model a point's error implicates, in words a report can use.
 COMPONENT = {
     "embeddings": "embeddings",
     "input_norm": "input norm",
     "q": "q/k/v projection", "k": "q/k/v projection", "v": "q/k/v projection",
+    "q_norm": "q norm", "k_norm": "k norm",
     "q_rope": "rope", "k_rope": "rope",
     "attn": "attention kernel",
     "o_proj": "attention output projection (o_proj)",
-    "post_norm": "post-attention norm",
+    "attn_post_norm": "post-attention sandwich norm",
+    "post_norm": "pre-MLP norm",
     "gate": "MLP (gate/up projection)", "up": "MLP (gate/up projection)",
     "mlp": "MLP (down projection / activation)",
+    "ffn_post_norm": "post-MLP sandwich norm",
     "residual": "residual add",
     "final_norm": "final norm",
     "logits": "lm_head / logits",

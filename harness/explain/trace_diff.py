@@ -149,6 +149,15 @@ def against_floor(summary: pd.DataFrame, floor: pd.DataFrame | None, dtype: str,
     return out
 
 
+def first_out(points: pd.DataFrame, per_position: pd.DataFrame) -> pd.DataFrame:
+    """Add each point's first position whose error exceeds its threshold (-1 where none does): where along the
+    sequence the engines part (a sliding-window fault shows only past the window). points: against_floor's."""
+    threshold = points.set_index("point")["threshold"].reindex(per_position["point"]).to_numpy()
+    over = per_position[per_position["rel_l2"].to_numpy() > threshold]
+    first = over.groupby("point")["position"].min().reindex(points["point"])
+    return points.assign(first_out_position=first.fillna(-1).astype(int).to_numpy())
+
+
 def top2(trace: Trace, position: int) -> tuple[list[int], float]:
     """The two best token ids at a position of a trace's logits and their log-probability margin."""
     logits = trace.rows("logits", position, position + 1)[0]
