@@ -3,12 +3,15 @@
 A llama.cpp engine reads GGUF, not the HF folder. So that HF vs llama.cpp compares numerics only, and llama.cpp F32
 vs a quantised variant compares quantisation only, every variant comes from the model folder's own safetensors:
 
-  f32, f16   written here with the `gguf` package: the folder's tensors renamed to llama.cpp's names, q and k
-             projections permuted into llama.cpp's rope layout (pairs (j, j+d/2) of a head become (2j, 2j+1)), the
-             hyperparameters from config.json and the tokenizer from the GGUF the bundled model ships (checked to be
-             the folder's tokenizer); f16 keeps 1-D tensors (norms) in f32, as llama.cpp's converter does
+  f32, f16   written here with the `gguf` package, as llama.cpp's converter writes the architecture (WRITERS: one
+             description per HF model_type: the GGUF architecture, its hyperparameters from config.json, and which
+             tensors change how: a Llama's q and k projections permuted into llama.cpp's rope layout, Gemma's norm
+             weights stored as 1 + w); tensors renamed by gguf's own name map; the tokenizer from the GGUF a named
+             model ships (checked to be the folder's tokenizer); f16 keeps 1-D tensors (norms) in f32, as llama.cpp's
+             converter does
   q8_0, q4_k_m  llama.cpp's own quantiser (llama_model_quantize) on the f32 file
-  bundled    the GGUF file the named model was converted from (SmolLM2's Q4_1), as shipped
+  bundled    the GGUF file the named model was converted from (its `source_gguf`: SmolLM2's Q4_1, Gemma 3's Q4_K_M),
+             as shipped
 
 Files live in the model cache (<cache>/models/<name>/gguf/ for named models, <cache>/gguf/<folder>-<hash>/ for any
 other folder), are written under a temporary name and renamed, and are built under a lock, so engines that start
@@ -21,18 +24,22 @@ import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from harness.models.catalog import NamedModel
 
 FULL_PRECISION = {"f32": 0, "f16": 1}  # variant -> GGUF general.file_type (llama_ftype ALL_F32, MOSTLY_F16)
 QUANTISED = {"q8_0": 7, "q4_k_m": 15}  # variant -> llama_ftype for llama_model_quantize
 BUNDLED = "bundled"
 VARIANTS = (*FULL_PRECISION, *QUANTISED, BUNDLED)
-ARCHITECTURES = ("llama",)  # HF model_type values whose tensors this writer knows (the Llama layout)
 
 
 def rope_layout(rows: np.ndarray, n_head: int) -> np.ndarray:
@@ -49,7 +56,22 @@ def hf_layout(activations: np.ndarray, n_head: int) -> np.ndarray:
     return activations.reshape(positions, n_head, head_dim // 2, 2).swapaxes(2, 3).reshape(positions, width)
 
 
-def hparams(config: dict) -> dict[str, int | float]:
+Hparams = dict[str, int | float | list[bool]]  # GGUFWriter setter name (add_<key>) -> value
+Transform = Callable[[np.ndarray, Hparams], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """How llama.cpp's converter writes one HF model_type: the GGUF architecture (a gguf.MODEL_ARCH member, which
+    also picks gguf's tensor-name map), the hyperparameters it writes (refusing a config whose math llama.cpp's graph
+    for that architecture would not reproduce), and the tensors it changes: (GGUF name suffix, transform)."""
+
+    gguf_arch: str
+    hparams: Callable[[dict], Hparams]
+    transforms: tuple[tuple[str, Transform], ...] = ()
+
+
+def hparams(config: dict) -> Hparams:
     """llama.cpp's Llama hyperparameters from an HF config.json (rope_theta under rope_parameters in newer files)."""
     heads = config["num_attention_heads"]
     rope = config.get("rope_parameters") or {}
@@ -58,16 +80,83 @@ def hparams(config: dict) -> dict[str, int | float]:
         "embedding_length": config["hidden_size"], "feed_forward_length": config["intermediate_size"],
         "head_count": heads, "head_count_kv": config.get("num_key_value_heads") or heads,
         "rope_freq_base": float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0),
-        "rms_eps": float(config.get("rms_norm_eps", 1e-6)), "vocab_size": config["vocab_size"],
+        "layer_norm_rms_eps": float(config.get("rms_norm_eps", 1e-6)), "vocab_size": config["vocab_size"],
         "rope_dimension_count": config.get("head_dim") or config["hidden_size"] // heads,
     }
 
 
-def gguf_name(hf_name: str, n_layers: int) -> str | None:
-    """model.layers.3.self_attn.q_proj.weight -> blk.3.attn_q.weight (gguf's own tensor-name map); None if unknown."""
+GEMMA3_SWA_PERIOD = 6  # llama.cpp's gemma3 default: in every 6 layers, 5 sliding then 1 full (load_swa_pattern)
+GEMMA3_SWA_ROPE_BASE = 10000.0  # llama.cpp's rope base of sliding layers when the GGUF names none
+
+
+def gemma3_hparams(config: dict) -> Hparams:
+    """llama.cpp's gemma3 hyperparameters, the keys its converter writes (conversion/gemma.py, Gemma3Model), plus the
+    sliding layers' pattern and rope base only where they differ from llama.cpp's defaults."""
+    layers, head_dim = config["num_hidden_layers"], config["head_dim"]
+    rope = config["rope_parameters"]
+    _require(config.get("query_pre_attn_scalar", head_dim) == head_dim, config,
+             "llama.cpp scales attention by 1/sqrt(head_dim), not by query_pre_attn_scalar")
+    _require(config.get("attn_logit_softcapping") is None, config, "llama.cpp's gemma3 graph has no attention "
+             "soft-capping")
+    _require(all(r.get("rope_type", "default") == "default" for r in rope.values()), config,
+             "rope scaling is not written here")
+    out: Hparams = {
+        "context_length": config["max_position_embeddings"], "embedding_length": config["hidden_size"],
+        "block_count": layers, "feed_forward_length": config["intermediate_size"],
+        "head_count": config["num_attention_heads"], "layer_norm_rms_eps": float(config["rms_norm_eps"]),
+        "key_length": head_dim, "value_length": head_dim,
+        "rope_freq_base": float(rope["full_attention"]["rope_theta"]),
+        "sliding_window": config["sliding_window"], "head_count_kv": config["num_key_value_heads"]}
+    sliding = [kind == "sliding_attention" for kind in config["layer_types"]]
+    if sliding != [i % GEMMA3_SWA_PERIOD < GEMMA3_SWA_PERIOD - 1 for i in range(layers)]:
+        out["sliding_window_pattern"] = sliding
+    if float(rope["sliding_attention"]["rope_theta"]) != GEMMA3_SWA_ROPE_BASE:
+        out["rope_freq_base_swa"] = float(rope["sliding_attention"]["rope_theta"])
+    if config.get("final_logit_softcapping"):
+        out["final_logit_softcapping"] = float(config["final_logit_softcapping"])
+    return out
+
+
+def _require(holds: bool, config: dict, why: str) -> None:
+    if not holds:
+        raise RuntimeError(f"gguf: cannot write model type '{config.get('model_type')}': {why}; give the engine a "
+                           "GGUF file (option gguf: PATH)")
+
+
+def _rope_q(weight: np.ndarray, h: Hparams) -> np.ndarray:
+    return rope_layout(weight, int(h["head_count"]))
+
+
+def _rope_kv(weight: np.ndarray, h: Hparams) -> np.ndarray:
+    return rope_layout(weight, int(h["head_count_kv"]))
+
+
+def _one_plus(weight: np.ndarray, h: Hparams) -> np.ndarray:
+    """Gemma's RMSNorm scales by (1 + w) (computed in float32); llama.cpp multiplies by the stored weight."""
+    return weight + np.float32(1.0)
+
+
+WRITERS = {  # HF model_type -> how llama.cpp's converter writes it
+    "llama": Architecture("LLAMA", hparams, (("attn_q.weight", _rope_q), ("attn_k.weight", _rope_kv))),
+    # gemma3: NEOX rope (llama.cpp rotates the two halves of a head, as HF does): no permutation
+    "gemma3_text": Architecture("GEMMA3", gemma3_hparams, (("norm.weight", _one_plus),)),
+}
+
+
+def writer_for(config: dict) -> Architecture:
+    model_type = config.get("model_type")
+    if model_type not in WRITERS:
+        raise RuntimeError(f"gguf: no GGUF writer for model type '{model_type}' (known: {', '.join(WRITERS)}): give "
+                           "the engine a GGUF file (option gguf: PATH)")
+    return WRITERS[model_type]
+
+
+def gguf_name(hf_name: str, n_layers: int, arch: str = "LLAMA") -> str | None:
+    """model.layers.3.self_attn.q_proj.weight -> blk.3.attn_q.weight (gguf's own tensor-name map for the
+    gguf.MODEL_ARCH member `arch`); None if unknown."""
     import gguf
 
-    mapping = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, n_layers)
+    mapping = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch), n_layers)
     return mapping.get_name(hf_name, try_suffixes=(".weight", ".bias"))
 
 
@@ -89,14 +178,22 @@ def variant_path(model_path: Path, variant: str) -> Path:
     return cache_dir(model_path) / f"{variant}.gguf"
 
 
-def bundled_source(model_path: Path) -> Path:
-    """The GGUF file a named model was converted from, as shipped (SmolLM2's Q4_1, for the models built on it)."""
-    from harness.models.catalog import models_root, smollm2_gguf_path
+def named_model(model_path: Path) -> NamedModel | None:
+    """The catalog entry whose cache a model folder's GGUF variants live in, or
+    None for a folder that is not a named model."""
+    from harness.models.catalog import MODELS, models_root
 
-    if cache_dir(model_path) != models_root().resolve() / "smollm2-135m" / "gguf":
+    folder = cache_dir(model_path)
+    return MODELS.get(folder.parent.name) if folder.parent.parent == models_root().resolve() else None
+
+
+def bundled_source(model_path: Path) -> Path:
+    """The GGUF file a named model was converted from, as shipped (its catalog entry's source_gguf)."""
+    model = named_model(model_path)
+    if model is None or model.source_gguf is None:
         raise RuntimeError(f"gguf: bundled: {model_path} was not converted from a GGUF file; use one of "
                            f"{', '.join(v for v in VARIANTS if v != BUNDLED)}")
-    return smollm2_gguf_path()
+    return model.source_gguf()
 
 
 @contextmanager
@@ -135,7 +232,7 @@ def _build(model_path: Path, variant: str) -> Path:
 def prepare(model_path: Path) -> str:
     """Every variant of a model folder (for `parity models prepare`): one line naming what is there."""
     config = json.loads((Path(model_path) / "config.json").read_text())
-    if config.get("model_type") not in ARCHITECTURES:
+    if config.get("model_type") not in WRITERS:
         return f"no GGUF variants: model type '{config.get('model_type')}' has no GGUF writer here"
     built = [ensure(model_path, variant) for variant in (*FULL_PRECISION, *QUANTISED)]
     return f"GGUF variants {', '.join(p.stem for p in built)} in {built[0].parent}"
@@ -151,22 +248,47 @@ def _atomic(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _tokenizer_sources(model_path: Path) -> Iterator[Path]:
+    """GGUF files whose tokenizer the folder may have: its own named model's source, then (for a folder that borrows
+    a tokenizer, like tiny-llama SmolLM2's) those of the other prepared named models."""
+    from harness.models.catalog import MODELS
+
+    own = named_model(model_path)
+    if own is not None and own.source_gguf is not None:
+        yield own.source_gguf()
+    for model in MODELS.values():
+        if model is not own and model.source_gguf is not None and model.prepared():
+            yield model.source_gguf()
+
+
+def hf_pieces(model: str, tokens: list[str]) -> list[str]:
+    """A GGUF vocabulary as HF spells it: a SentencePiece one ("llama") holds user-defined tokens with spaces where HF
+    (and SentencePiece) write the word-boundary mark \u2581 (Gemma's runs of spaces, ids 138-167)."""
+    return [t.replace(" ", "\u2581") for t in tokens] if model == "llama" else tokens
+
+
 @lru_cache(maxsize=2)
-def _tokenizer_fields(model_path: Path):
-    """The tokenizer.* fields of the bundled GGUF, after checking its vocabulary is the model folder's."""
+def _tokenizer_fields(model_path: Path, vocab_size: int) -> list[Any]:
+    """The tokenizer.* fields of the first source GGUF whose vocabulary is the model folder's, id for id. Its token
+    count must be the model's vocab_size: llama.cpp's logits have one entry per token (its converter trims
+    token_embd to them), so fewer tokens would leave its logits shorter than HF's."""
     import gguf
     from transformers import AutoTokenizer
 
-    from harness.models.catalog import smollm2_gguf_path
-
-    reader = gguf.GGUFReader(smollm2_gguf_path())
-    fields = [f for name, f in reader.fields.items() if name.startswith("tokenizer.")]
-    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
     vocab = AutoTokenizer.from_pretrained(model_path).get_vocab()
-    if len(vocab) != len(tokens) or any(vocab.get(piece) != i for i, piece in enumerate(tokens)):
-        raise RuntimeError(f"gguf: the tokenizer of {model_path} is not SmolLM2's, the only one whose GGUF "
-                           "tokenizer ships here: give the engine a GGUF file (option gguf: PATH)")
-    return fields
+    tried = []
+    for source in _tokenizer_sources(model_path):
+        reader = gguf.GGUFReader(source)
+        tokens = hf_pieces(reader.fields["tokenizer.ggml.model"].contents(),
+                           reader.fields["tokenizer.ggml.tokens"].contents())
+        tried.append(source.name)
+        if len(vocab) == len(tokens) and all(vocab.get(piece) == i for i, piece in enumerate(tokens)):
+            if len(tokens) != vocab_size:
+                raise RuntimeError(f"gguf: {source.name} has {len(tokens)} tokens, the model {vocab_size} logits: "
+                                   "llama.cpp would trim token_embd and its logits would not line up with HF's")
+            return [f for name, f in reader.fields.items() if name.startswith("tokenizer.")]
+    raise RuntimeError(f"gguf: the tokenizer of {model_path} is not that of any GGUF shipped here (tried: "
+                       f"{', '.join(tried) or 'none'}): give the engine a GGUF file (option gguf: PATH)")
 
 
 def write_full_precision(model_path: Path, out: Path, variant: str) -> None:
@@ -175,43 +297,37 @@ def write_full_precision(model_path: Path, out: Path, variant: str) -> None:
     from safetensors.numpy import load_file
 
     config = json.loads((Path(model_path) / "config.json").read_text())
-    if config.get("model_type") not in ARCHITECTURES:
-        raise RuntimeError(f"gguf: no GGUF writer for model type '{config.get('model_type')}' (known: "
-                           f"{', '.join(ARCHITECTURES)}): give the engine a GGUF file (option gguf: PATH)")
-    h = hparams(config)
+    arch = writer_for(config)
+    h = arch.hparams(config)
     tensors = load_file(str(Path(model_path) / "model.safetensors"))
-    writer = gguf.GGUFWriter(str(out), "llama")
+    writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch.gguf_arch)])
     writer.add_name(Path(model_path).resolve().parent.name)
     writer.add_file_type(FULL_PRECISION[variant])
-    writer.add_block_count(h["block_count"])
-    writer.add_context_length(h["context_length"])
-    writer.add_embedding_length(h["embedding_length"])
-    writer.add_feed_forward_length(h["feed_forward_length"])
-    writer.add_head_count(h["head_count"])
-    writer.add_head_count_kv(h["head_count_kv"])
-    writer.add_rope_freq_base(h["rope_freq_base"])
-    writer.add_layer_norm_rms_eps(h["rms_eps"])
-    writer.add_vocab_size(h["vocab_size"])
-    writer.add_rope_dimension_count(h["rope_dimension_count"])
-    for field in _tokenizer_fields(model_path):
+    for key, value in h.items():
+        getattr(writer, f"add_{key}")(value)
+    for field in _tokenizer_fields(Path(model_path), config["vocab_size"]):
         sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(field.name, field.contents(), field.types[0], sub_type)
     for hf_name, weight in tensors.items():
         if hf_name == "lm_head.weight" and config.get("tie_word_embeddings"):
             continue  # llama.cpp reuses token_embd when the file has no output.weight
-        name = gguf_name(hf_name, h["block_count"])
+        name = gguf_name(hf_name, config["num_hidden_layers"], arch.gguf_arch)
         if name is None:
             raise RuntimeError(f"gguf: no llama.cpp name for tensor {hf_name}")
-        weight = weight.astype(np.float32)
-        if name.endswith(("attn_q.weight", "attn_k.weight")):
-            weight = rope_layout(weight, h["head_count"] if "attn_q" in name else h["head_count_kv"])
-        if variant == "f16" and weight.ndim > 1:
-            weight = weight.astype(np.float16)
-        writer.add_tensor(name, np.ascontiguousarray(weight))
+        writer.add_tensor(name, np.ascontiguousarray(stored(weight, name, arch, h, variant)))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def stored(weight: np.ndarray, name: str, arch: Architecture, h: Hparams, variant: str) -> np.ndarray:
+    """An HF tensor as the GGUF holds it: float32, transformed as the architecture says, 2-D ones in f16 for f16."""
+    weight = weight.astype(np.float32)
+    for suffix, transform in arch.transforms:
+        if name.endswith(suffix):
+            weight = transform(weight, h)
+    return weight.astype(np.float16) if variant == "f16" and weight.ndim > 1 else weight
 
 
 def quantise(source: Path, out: Path, variant: str) -> None:

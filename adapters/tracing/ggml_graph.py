@@ -8,7 +8,8 @@ projection, then its reshape, then its rope), so the op tells them apart and vie
 
 llama.cpp's GGUF converter permutes the q and k projections of a Llama so that its rope rotates adjacent pairs;
 q, k and their roped versions are put back in HF's head layout (adapters.engines.llamacpp_gguf.hf_layout), so the
-trace compares with HF's position by position. An architecture without a map is refused with the reason.
+trace compares with HF's position by position (Gemma's rope is NEOX, HF's layout: nothing to undo). An architecture
+without a map is refused with the reason.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import ctypes
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,24 +36,33 @@ GGML_F32, GGML_F16 = 0, 1
 @dataclass(frozen=True)
 class GraphMap:
     """Per-layer tensor names (llama.cpp's `name-<layer>`) and whole-model ones -> canonical points. A name maps to
-    one point per op: {"Qcur": {"ROPE": "q_rope", "": "q"}} ("" is any op that is not a view)."""
+    one point per op: {"Qcur": {"ROPE": "q_rope", "": "q"}} ("" is any op that is not a view). A graph that leaves
+    a point's tensor unnamed names it by its input: by_input {"kqv_out": {"MUL_MAT": "o_proj"}} is the MUL_MAT
+    computed from kqv_out-<layer>."""
 
     name: str
     per_layer: dict[str, dict[str, str]]
     whole: dict[str, str]
     head_layout: dict[str, str]  # point -> "q" or "kv": permuted by llama.cpp's converter, restored per head
+    by_input: dict[str, dict[str, str]] = field(default_factory=dict)
 
-    def point(self, tensor_name: str, op: str) -> str | None:
+    def point(self, tensor_name: str, op: str, inputs: tuple[str, ...] = ()) -> str | None:
+        """The point a graph node is (inputs: the names of its source tensors, needed only for by_input)."""
         if op in VIEW_OPS:
             return None
         if tensor_name in self.whole:
             return self.whole[tensor_name]
-        base, _, layer = tensor_name.rpartition("-")
-        by_op = self.per_layer.get(base)
-        if by_op is None or not layer.isdigit():
-            return None
-        point = by_op.get(op, by_op.get(""))
-        return layer_point(int(layer), point) if point else None
+        return _per_layer(self.per_layer, tensor_name, op) or next(
+            filter(None, (_per_layer(self.by_input, source, op) for source in inputs)), None)
+
+
+def _per_layer(table: dict[str, dict[str, str]], tensor_name: str, op: str) -> str | None:
+    base, _, layer = tensor_name.rpartition("-")
+    by_op = table.get(base)
+    if by_op is None or not layer.isdigit():
+        return None
+    point = by_op.get(op, by_op.get(""))
+    return layer_point(int(layer), point) if point else None
 
 
 # src/models/llama.cpp (llama-cpp-python 0.3.36's vendored llama.cpp); logits are read from the context, not here
@@ -65,7 +75,22 @@ GGML_LLAMA = GraphMap(
     whole={"embd": "embeddings", "inp_embd": "embeddings", "result_norm": "final_norm"},
     head_layout={"q": "q", "q_rope": "q", "k": "kv", "k_rope": "kv"},
 )
-GRAPH_MAPS = {"llama": GGML_LLAMA}  # general.architecture of the GGUF -> its graph map
+
+# src/models/gemma3.cpp: q/k norms before rope, sandwich norms around attention and MLP (GELU-tanh gate), embeddings
+# scaled by sqrt(hidden) ("inp_scaled"; "embd" is the unscaled lookup, not HF's embeddings point)
+GGML_GEMMA3 = GraphMap(
+    "ggml-gemma3",
+    per_layer={"attn_norm": {"": "input_norm"}, "Qcur": {"ROPE": "q_rope", "": "q"},
+               "Kcur": {"ROPE": "k_rope", "": "k"}, "Vcur": {"": "v"}, "Qcur_normed": {"": "q_norm"},
+               "Kcur_normed": {"": "k_norm"}, "kqv_out": {"": "attn"},
+               "attn_post_norm": {"": "attn_post_norm"}, "ffn_norm": {"": "post_norm"}, "ffn_gate": {"": "gate"},
+               "ffn_up": {"": "up"}, "ffn_out": {"": "mlp"}, "ffn_post_norm": {"": "ffn_post_norm"},
+               "l_out": {"": "residual"}},
+    whole={"inp_scaled": "embeddings", "result_norm": "final_norm"},
+    head_layout={},
+    by_input={"kqv_out": {"MUL_MAT": "o_proj"}},  # gemma3.cpp leaves the output projection unnamed
+)
+GRAPH_MAPS = {"llama": GGML_LLAMA, "gemma3": GGML_GEMMA3}  # general.architecture of the GGUF -> its graph map
 
 
 class _Tensor(ctypes.Structure):
@@ -129,10 +154,18 @@ class GraphTracer:
     def _point(self, tensor: int) -> str | None:
         if self.map is None:
             return None
-        point = self.map.point(self.ggml.ggml_get_name(tensor).decode(), self.ggml.ggml_op_desc(tensor).decode())
+        name, op = self.ggml.ggml_get_name(tensor).decode(), self.ggml.ggml_op_desc(tensor).decode()
+        point = self.map.point(name, op, self._inputs(tensor, name) if self.map.by_input else ())
         if point is None or point in self.done or (self.wanted is not None and point not in self.wanted):
             return None
         return point
+
+    def _inputs(self, tensor: int, name: str) -> tuple[str, ...]:
+        """The names of a node's source tensors (read through the struct, once its own name confirms the layout)."""
+        struct = _Tensor.from_address(tensor)
+        if struct.name.decode() != name:
+            raise RuntimeError("the ggml_tensor layout of this llama.cpp build is not the one this reader knows")
+        return tuple(self.ggml.ggml_get_name(source).decode() for source in struct.src if source)
 
     def _on_tensor(self, tensor: int, ask: bool, _user_data: Any) -> bool:
         try:
