@@ -2,14 +2,18 @@
 
 1. Per engine (HF, vLLM), in one fresh process each with the model loaded once and warmed up (vLLM compiles its
    CPU kernels on the first generate): an untraced generation of a case (prompt + generated tokens = --positions)
-   vs the traced teacher-forced pass over the same token sequence, which captures 30 layers x 13 points +
+   vs the traced teacher-forced pass over the same token sequence, which captures every layer's points,
    embeddings, final norm and logits and streams them to disk. Target <= 1.5x.
 2. Peak RSS of an HF worker that generates and then traces the case vs one that only generates (separate
    processes, ru_maxrss). Target: within 300 MB.
 3. `parity explain` of a one-case HF-vs-vLLM scenario vs `parity run` of it, wall time of the whole command
-   (model loads, the noise-floor engine and the localisation included). Target <= 3x.
+   (model loads, the noise-floor engine and the localisation included). Target <= 3x. With --model gemma3-270m
+   (a 262,144-token vocabulary: one float32 logits row is 1 MB), the peak RSS of the harness process and of each
+   engine process during both commands, sampled from /proc (targets: harness <= 1 GB, any process <= 4 GB).
+   Past 256 positions the case is a long prompt and 32 generated tokens.
 
-Usage: python benchmarks/trace_overhead.py [--positions 128] [--repeats 1]
+Usage: python benchmarks/trace_overhead.py [--model smollm2-135m|gemma3-270m] [--positions 128] [--repeats 1]
+       (the issue's Gemma 3 figure: --model gemma3-270m --positions 1500)
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -45,7 +50,7 @@ if __name__ == "__main__":
     prompt = load_tokenizer(model_path).encode(sys.argv[6])
     setup = EngineSetup(name=engine_name, model_path=model_path, dtype="float32", workdir=workdir, trace=trace)
     engine = describe(engine_name).engine(setup)
-    params = SamplingParams(temperature=0, max_new_tokens=positions - len(prompt), ignore_eos=True)
+    params = SamplingParams(temperature=0, max_new_tokens=max(1, positions - len(prompt)), ignore_eos=True)
     warm = SamplingParams(temperature=0, max_new_tokens=2)
     list(engine.generate([Request(case_id="warm-up", prompt_ids=prompt, params=warm)]))
     started = time.perf_counter()
@@ -63,21 +68,33 @@ if __name__ == "__main__":
 """
 
 
-def child(engine: str, model_path: Path, positions: int, mode: str, workdir: Path) -> dict:
+GENERATED = 32  # tokens generated after a long prompt (--positions over 256), as in scenarios/gemma3-long.yaml
+
+
+def long_prompt(model_path: Path, tokens: int) -> str:
+    """PROMPT repeated until it tokenises to at least `tokens` tokens: a long case is a long prompt and a short
+    generation, like the longest case of scenarios/gemma3-long.yaml."""
+    tokenizer, text = load_tokenizer(model_path), PROMPT
+    while len(tokenizer.encode(text)) < tokens:
+        text += " " + PROMPT
+    return text
+
+
+def child(engine: str, model_path: Path, positions: int, mode: str, workdir: Path, prompt: str) -> dict:
     env = worker_env(threads=1)
     if engine == "vllm":
         from adapters.engines.vllm_offline import Options, prepare_env, socket_dir
 
         env.update(prepare_env(workdir, Options(), socket_dir(workdir)))
     proc = subprocess.run([sys.executable, "-c", CHILD, engine, str(model_path), str(positions), mode, str(workdir),
-                           PROMPT], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+                           prompt], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     return json.loads(line.removeprefix("RESULT "))
 
 
 SCENARIO = """\
 name: trace-bench
-model: smollm2-135m
+model: {model}
 engines:
   hf: {{engine: hf, reference: true}}
   vllm: {{engine: vllm}}
@@ -86,39 +103,94 @@ params: {{max_new_tokens: {tokens}, ignore_eos: true}}
 """
 
 
-def timed_cli(args: list[str]) -> float:
+class PeakRss:
+    """Samples the RSS of a process and all its descendants every 0.2 s from /proc: the peak of the root process
+    and the peak of each descendant, by its command line."""
+
+    def __init__(self, pid: int):
+        self.pid, self.root_mb, self.children_mb = pid, 0.0, {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def _rss_mb(pid: int) -> float:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    @staticmethod
+    def _descendants(pid: int) -> list[int]:
+        found, todo = [], [pid]
+        while todo:
+            for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+                children = [int(c) for c in (task / "children").read_text().split()]
+                found += children
+                todo += children
+        return found
+
+    def _poll(self) -> None:
+        while not self.done.wait(0.2):
+            try:
+                self.root_mb = max(self.root_mb, self._rss_mb(self.pid))
+                for child in self._descendants(self.pid):
+                    name = " ".join(Path(f"/proc/{child}/cmdline").read_bytes().decode().split())[:60]
+                    key = f"{child} {name.strip()}"
+                    self.children_mb[key] = max(self.children_mb.get(key, 0.0), self._rss_mb(child))
+            except (FileNotFoundError, ProcessLookupError, ValueError):
+                continue  # a process ended between two reads
+
+    def stop(self) -> str:
+        self.done.set()
+        self.thread.join()
+        biggest = sorted(self.children_mb.items(), key=lambda kv: -kv[1])[:4]
+        return (f"harness {self.root_mb:.0f} MB (target <= 1024); largest engine processes "
+                + ", ".join(f"{mb:.0f} MB ({key.split(' ', 2)[-1]})" for key, mb in biggest) + " (target <= 4096)")
+
+
+def timed_cli(args: list[str]) -> tuple[float, str]:
+    """Wall time of one CLI command and the peak RSS of its processes."""
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, env=worker_env(threads=1),
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # exit codes 0/1 are both fine here
-    return time.perf_counter() - started
+    proc = subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=ROOT, env=worker_env(threads=1),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peaks = PeakRss(proc.pid)
+    proc.wait()  # exit codes 0/1 are both fine here
+    return time.perf_counter() - started, peaks.stop()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m", choices=["smollm2-135m", "gemma3-270m"])
     parser.add_argument("--positions", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
-    model_path = models.resolve("smollm2-135m", "float32")
+    model_path = models.resolve(args.model, "float32")
+    prompt = long_prompt(model_path, args.positions - GENERATED) if args.positions > 256 else PROMPT
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         for engine in ("hf", "vllm"):
-            r = child(engine, model_path, args.positions, "trace", tmp_path / f"{engine}-traced")
+            r = child(engine, model_path, args.positions, "trace", tmp_path / f"{engine}-traced", prompt)
             print(f"{engine}: untraced generation {r['generate_s']:.2f} s | traced teacher-forced pass "
                   f"{r['trace_s']:.2f} s ({r['points']} points, {r['trace_mb']:.0f} MB) | ratio "
-                  f"{r['trace_s'] / r['generate_s']:.2f} (target <= 1.5)", flush=True)
-        plain = child("hf", model_path, args.positions, "plain", tmp_path / "hf-plain")
-        traced = child("hf", model_path, args.positions, "trace", tmp_path / "hf-traced-rss")
+                  f"{r['trace_s'] / r['generate_s']:.2f} (target <= 1.5) | peak RSS {r['peak_rss_mb']:.0f} MB",
+                  flush=True)
+        plain = child("hf", model_path, args.positions, "plain", tmp_path / "hf-plain", prompt)
+        traced = child("hf", model_path, args.positions, "trace", tmp_path / "hf-traced-rss", prompt)
         print(f"hf worker peak RSS: untraced {plain['peak_rss_mb']:.0f} MB | generate + trace "
               f"{traced['peak_rss_mb']:.0f} MB | difference {traced['peak_rss_mb'] - plain['peak_rss_mb']:.0f} MB "
               f"(target <= 300)", flush=True)
-        prompt_len = len(load_tokenizer(model_path).encode(PROMPT))
+        prompt_len = len(load_tokenizer(model_path).encode(prompt))
         scenario = tmp_path / "trace-bench.yaml"
-        scenario.write_text(SCENARIO.format(prompt=PROMPT, tokens=args.positions - prompt_len))
+        scenario.write_text(SCENARIO.format(model=args.model, prompt=prompt,
+                                            tokens=max(1, args.positions - prompt_len)))
         for i in range(args.repeats):
-            run_s = timed_cli(["run", str(scenario), "--out", str(tmp_path / f"run{i}")])
-            explain_s = timed_cli(["explain", str(scenario), "--out", str(tmp_path / f"explain{i}")])
+            run_s, run_peaks = timed_cli(["run", str(scenario), "--out", str(tmp_path / f"run{i}")])
+            explain_s, explain_peaks = timed_cli(["explain", str(scenario), "--out", str(tmp_path / f"explain{i}")])
             print(f"parity run {run_s:.1f} s | parity explain {explain_s:.1f} s | ratio {explain_s / run_s:.2f} "
                   f"(target <= 3)", flush=True)
+            print(f"  peak RSS during run: {run_peaks}", flush=True)
+            print(f"  peak RSS during explain: {explain_peaks}", flush=True)
 
 
 if __name__ == "__main__":
