@@ -10,7 +10,6 @@ A server the worker starts runs on this node, bound to 127.0.0.1 unless the scen
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import socket
@@ -41,15 +40,12 @@ def scratch_root() -> Path:
 
 
 def node_model(model: str, dtype: str, shared: bool) -> Path:
-    """The scenario's model on this node: a named model from this node's cache (prepared once, under a lock so two
-    actors on one node do not build it twice), or a path every node mounts."""
-    from harness.models.catalog import MODELS, models_root, resolve
+    """The scenario's model on this node: a named model from this node's cache (prepared once: preparing takes a
+    lock, so two actors on one node do not build it twice), or a path every node mounts."""
+    from harness.models.catalog import MODELS, resolve
 
     if model in MODELS:
-        models_root().mkdir(parents=True, exist_ok=True)
-        with open(models_root() / f".{model}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            return resolve(model, dtype, "scenario")
+        return resolve(model, dtype, "scenario")
     if not shared:
         raise RuntimeError(f"model: {model} is a path of the driver's machine: on a Ray cluster put it on storage "
                            "every node mounts and set model_shared: true in the scenario, or use a named model")
