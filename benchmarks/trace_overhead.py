@@ -38,8 +38,15 @@ PROMPT = "Once upon a time, in a small village by the sea,"
 
 # Runs in a fresh process: load one engine, time an untraced generation and (optionally) the traced pass.
 CHILD = """
-import json, resource, sys, time
+import cProfile, json, pstats, resource, sys, time
 from pathlib import Path
+
+def where_time_goes(profile):
+    \"\"\"The four functions with the most time of their own: seconds each.\"\"\"
+    stats = pstats.Stats(profile).stats
+    top = sorted(stats.items(), key=lambda kv: -kv[1][2])[:4]
+    return ", ".join(f"{name} {own:.1f} s" for (_f, _l, name), (_c, _n, own, _t, _callers) in top)
+
 if __name__ == "__main__":
     from adapters.registry import describe
     from harness.scenario.prompts import load_tokenizer
@@ -53,20 +60,37 @@ if __name__ == "__main__":
     params = SamplingParams(temperature=0, max_new_tokens=max(1, positions - len(prompt)), ignore_eos=True)
     warm = SamplingParams(temperature=0, max_new_tokens=2)
     list(engine.generate([Request(case_id="warm-up", prompt_ids=prompt, params=warm)]))
-    started = time.perf_counter()
-    result = next(iter(engine.generate([Request(case_id="case", prompt_ids=prompt, params=params)])))
-    out = {"generate_s": time.perf_counter() - started}
+    started, profile = time.perf_counter(), cProfile.Profile()
+    with profile:
+        result = next(iter(engine.generate([Request(case_id="case", prompt_ids=prompt, params=params)])))
+    out = {"generate_s": time.perf_counter() - started, "generate_where": where_time_goes(profile)}
     if trace:
-        started = time.perf_counter()
+        started, profile = time.perf_counter(), cProfile.Profile()
         forced = TraceRequest(case_id="case", token_ids=prompt + result.token_ids, prompt_len=len(prompt))
-        traced = next(iter(engine.trace([forced])))
+        with profile:
+            traced = next(iter(engine.trace([forced])))
         out.update(trace_s=time.perf_counter() - started, points=len(traced.points),
-                   trace_mb=Path(traced.path).stat().st_size / 2**20)
+                   trace_mb=Path(traced.path).stat().st_size / 2**20, trace_where=where_time_goes(profile))
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(out), flush=True)
     engine.close()
 """
 
+
+# The yardstick for an engine process's memory: vLLM's own API, nothing of the harness, generating the same case
+# (vLLM's defaults but eager mode and the harness's KV cache size of 1 GiB; in one process, as the harness runs it).
+PLAIN_VLLM = """
+import os, resource, sys
+os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
+if __name__ == "__main__":
+    from vllm import LLM, SamplingParams
+    llm = LLM(model=sys.argv[1], dtype="float32", enforce_eager=True, kv_cache_memory_bytes=2**30, seed=0)
+    prompt = llm.get_tokenizer()(sys.argv[3]).input_ids
+    params = SamplingParams(temperature=0, max_tokens=max(1, int(sys.argv[2]) - len(prompt)), ignore_eos=True)
+    out = llm.generate([{"prompt_token_ids": prompt}], params)
+    assert out[0].outputs[0].token_ids
+    print(f"RESULT {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}", flush=True)
+"""
 
 GENERATED = 32  # tokens generated after a long prompt (--positions over 256), as in scenarios/gemma3-long.yaml
 
@@ -78,6 +102,12 @@ def long_prompt(model_path: Path, tokens: int) -> str:
     while len(tokenizer.encode(text)) < tokens:
         text += " " + PROMPT
     return text
+
+
+def plain_vllm_peak_mb(model_path: Path, positions: int, prompt: str) -> float:
+    proc = subprocess.run([sys.executable, "-c", PLAIN_VLLM, str(model_path), str(positions), prompt],
+                          env=worker_env(threads=1), cwd=ROOT, capture_output=True, text=True, check=True)
+    return float(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT ")).split()[1])
 
 
 def child(engine: str, model_path: Path, positions: int, mode: str, workdir: Path, prompt: str) -> dict:
@@ -173,13 +203,16 @@ def main() -> None:
             r = child(engine, model_path, args.positions, "trace", tmp_path / f"{engine}-traced", prompt)
             print(f"{engine}: untraced generation {r['generate_s']:.2f} s | traced teacher-forced pass "
                   f"{r['trace_s']:.2f} s ({r['points']} points, {r['trace_mb']:.0f} MB) | ratio "
-                  f"{r['trace_s'] / r['generate_s']:.2f} (target <= 1.5) | peak RSS {r['peak_rss_mb']:.0f} MB",
-                  flush=True)
+                  f"{r['trace_s'] / r['generate_s']:.2f} (target <= 1.5) | peak RSS {r['peak_rss_mb']:.0f} MB\n"
+                  f"  generation: {r['generate_where']}\n  traced pass: {r['trace_where']}", flush=True)
         plain = child("hf", model_path, args.positions, "plain", tmp_path / "hf-plain", prompt)
         traced = child("hf", model_path, args.positions, "trace", tmp_path / "hf-traced-rss", prompt)
         print(f"hf worker peak RSS: untraced {plain['peak_rss_mb']:.0f} MB | generate + trace "
               f"{traced['peak_rss_mb']:.0f} MB | difference {traced['peak_rss_mb'] - plain['peak_rss_mb']:.0f} MB "
               f"(target <= 300)", flush=True)
+        yardstick = plain_vllm_peak_mb(model_path, args.positions, prompt)
+        print(f"plain vLLM script generating the same case: peak RSS {yardstick:.0f} MB (the yardstick for any vLLM "
+              "process)", flush=True)
         prompt_len = len(load_tokenizer(model_path).encode(prompt))
         scenario = tmp_path / "trace-bench.yaml"
         scenario.write_text(SCENARIO.format(model=args.model, prompt=prompt,

@@ -22,7 +22,7 @@ from adapters.contract import (
     top_k_of,
 )
 from adapters.tracing.arch_maps import ArchMap
-from adapters.tracing.capture import Capture, run_traces
+from adapters.tracing.capture import LOGITS_SLICE, Capture, run_traces
 from harness.explain.points import layer_point, parse
 from harness.scenario.vocabulary import SamplingParams
 from harness.types import EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
@@ -255,9 +255,6 @@ class Engine:
         if self.capture is not None:
             self.capture.close()
         self.model = None
-
-
-LOGITS_SLICE = 128  # positions whose logits a traced pass computes at once (128 MB at a 262k vocabulary)
 
 
 class HfRope:

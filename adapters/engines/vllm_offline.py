@@ -23,7 +23,7 @@ from adapters.contract import (
     greedy_ignored,
     request_knobs,
 )
-from adapters.tracing.capture import Capture, run_traces
+from adapters.tracing.capture import LOGITS_SLICE, Capture, run_traces
 from harness.models.catalog import cache_root
 from harness.scenario.vocabulary import SamplingParams
 from harness.types import Beam, EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
@@ -172,20 +172,31 @@ class Engine:
         return Capture(model, arch, sizes(config), config.num_hidden_layers)
 
     def trace(self, requests: list[TraceRequest]) -> Iterator[TraceResult]:
-        """Teacher forcing through prompt_logprobs: one prefill over the whole sequence computes every position's
-        hidden states and logits (such requests never read the prefix cache)."""
+        """Teacher forcing: one prefill over the whole sequence (max_tokens=1) computes every position's hidden
+        states; the logits of every position are then computed from the final norm's rows with the model's own
+        compute_logits, LOGITS_SLICE positions at a time. Not through prompt_logprobs: vLLM would hold the logits of
+        every position and their log-softmax at once (3.1 GB for 1,500 positions of a 262k vocabulary)."""
         import torch
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = VllmSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
+        params = VllmSamplingParams(max_tokens=1, temperature=0.0)
+        model = self.llm.apply_model(lambda m: m)[0]
+        capture = self.capture
 
         def forward(token_ids: list[int]) -> None:
-            self.llm.generate([TokensPrompt(prompt_token_ids=token_ids)], params, use_tqdm=False)
+            with capture.mute("logits"):  # the sampler's own logits call: the last position only
+                self.llm.generate([TokensPrompt(prompt_token_ids=token_ids)], params, use_tqdm=False)
+            if not capture.wants("logits"):
+                return
+            hidden = torch.cat(capture.keep["final_norm"])
+            with torch.inference_mode():
+                for start in range(0, hidden.shape[0], LOGITS_SLICE):
+                    model.compute_logits(hidden[start:start + LOGITS_SLICE])
 
         store = torch.float64 if self.dtype == "float64" else torch.float32
-        yield from run_traces(self.name, self.capture, requests, self.workdir, store, forward,
-                              {"engine": DESCRIPTION.name, "dtype": self.dtype})
+        yield from run_traces(self.name, capture, requests, self.workdir, store, forward,
+                              {"engine": DESCRIPTION.name, "dtype": self.dtype}, keep=("final_norm",))
 
     def versions(self) -> dict[str, str]:
         import torch

@@ -18,7 +18,6 @@ class Tap:
     take: str = "output"  # output (first element if a tuple) | input (first tensor argument) | inputs (the first
     # len(points) tensor arguments) | sum (of a 2-tuple output) | each (element of a tuple output)
     split: tuple[str, ...] = ()  # size names (see sizes()) splitting the last dimension into `points`
-    last_first: bool = False  # delivered in two calls, the last position's row first (vLLM's logits)
     heads_first: bool = False  # [batch, heads, seq, head_dim] (HF's per-head q/k norms), not [batch, seq, ...]
 
 
@@ -44,9 +43,8 @@ class ArchMap:
     rope: DerivedRope | None = None  # rope the adapter derives itself (None: captured, or the family has none)
 
 
-def _t(points: str, module: str, take: str = "output", split: tuple[str, ...] = (), last_first: bool = False,
-       heads_first: bool = False) -> Tap:
-    return Tap(tuple(points.split()), module, take, split, last_first, heads_first)
+def _t(points: str, module: str, take: str = "output", split: tuple[str, ...] = (), heads_first: bool = False) -> Tap:
+    return Tap(tuple(points.split()), module, take, split, heads_first)
 
 
 HF_LLAMA = ArchMap(
@@ -115,8 +113,9 @@ VLLM_LLAMA = ArchMap(
         _t("gate up", "mlp.gate_up_proj", split=("ffn", "ffn")), _t("mlp", "mlp"),
         _t("residual", "", "sum"),
     ),
-    # logits: the sampled (last) position's row comes first, then the prompt-logprobs rows 0..N-2
-    after=(_t("final_norm", "model.norm"), _t("logits", "logits_processor", last_first=True)),
+    # logits: computed by the adapter from the final norm's rows with the model's own compute_logits (vLLM's sampler
+    # computes only the last position's, and prompt_logprobs would hold every position's logits at once, twice)
+    after=(_t("final_norm", "model.norm"), _t("logits", "logits_processor")),
     fused=("q", "k", "v", "gate", "up"),
 )
 
@@ -132,7 +131,7 @@ VLLM_OPT = ArchMap(
         _t("residual", ""),
     ),
     after=(_t("final_norm", "model.decoder.final_layer_norm"),
-           _t("logits", "logits_processor", last_first=True)),
+           _t("logits", "logits_processor")),
     fused=("q", "k", "v"),
 )
 
@@ -153,7 +152,7 @@ VLLM_GEMMA3 = ArchMap(
         _t("ffn_post_norm", "post_feedforward_layernorm"),
         _t("residual", "", "sum"),
     ),
-    after=(_t("final_norm", "model.norm"), _t("logits", "logits_processor", last_first=True)),
+    after=(_t("final_norm", "model.norm"), _t("logits", "logits_processor")),
     fused=("q", "k", "v", "gate", "up"),
 )
 

@@ -6,7 +6,9 @@ Hooks are registered once after the engine has loaded and stay idle (a flag chec
 warm-up runs and ordinary generation are not captured. Engines that flatten the batch ([tokens, width], vLLM) and
 engines that keep it ([1, seq, width], HF; per-head tensors [1, heads, seq, dim]) all end up as [positions, width]; a
 point delivered in several chunks (chunked prefill, logits computed in two calls or in slices) is streamed to the
-writer chunk by chunk until it has one row per position.
+writer chunk by chunk until it has one row per position. A point can be muted while the engine computes it for
+its own purposes (vLLM's sampler computes the last position's logits), and a point can be kept in memory for the
+adapter to compute another from (vLLM's logits, from the final norm's rows, a slice at a time).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ from adapters.tracing.writer import TraceWriter
 from harness.explain.points import layer_point
 from harness.types import TraceRequest, TraceResult
 
+LOGITS_SLICE = 128  # positions whose logits a traced pass computes at once (128 MB at a 262k vocabulary)
 Derive = Callable[[str, Any], list[tuple[str, Any]]]  # (point name, tensor) -> extra points computed from it
 
 
@@ -32,8 +36,10 @@ class Capture:
         self.derive = derive
         self.writer: TraceWriter | None = None
         self.only: set[str] | None = None
+        self.muted: set[str] = set()
+        self.keep: dict[str, list[Any]] = {}  # point name -> its rows of this pass (begin(keep=...))
         self.positions = 0
-        self.pending: dict[str, list[Any]] = {}
+        self.pending: dict[str, bool] = {}  # points streamed in chunks, not yet complete
         self.handles: list[Any] = []
         self._attach()
 
@@ -90,11 +96,15 @@ class Capture:
             self._emit(name, part, tap)
 
     def _emit(self, name: str, tensor: Any, tap: Tap) -> None:
+        if name in self.muted:
+            return
+        if name in self.keep:
+            self.keep[name].append(_rows(tensor, tap).detach().clone())
         if self.only is not None and name not in self.only:
             return
         rows = _rows(tensor, tap)
         if name in self.pending or rows.shape[0] < self.positions:
-            self._stream(name, rows, tap)
+            self._stream(name, rows)
             return
         if rows.shape[0] != self.positions:
             raise RuntimeError(f"trace: {name} has {rows.shape[0]} rows for {self.positions} positions")
@@ -103,32 +113,39 @@ class Capture:
             for extra, value in self.derive(name, rows):
                 self.writer.add(extra, value)
 
-    def _stream(self, name: str, rows: Any, tap: Tap) -> None:
+    def _stream(self, name: str, rows: Any) -> None:
         """A point delivered in chunks of positions: each chunk goes to the writer as it comes, so a point is never
-        whole in memory (a 262k-vocabulary logits tensor is 1 MB a row). Where the last position's row comes first
-        (vLLM's logits), that row is held back and written last. Chunked points get no derived points."""
-        held = self.pending.setdefault(name, [])
-        if tap.last_first and not held and self.writer.rows(name) == 0:
-            held.append(rows.detach().clone())  # the engine may reuse its buffer before the other rows come
-        else:
-            self.writer.append(name, rows)
-        done = self.writer.rows(name) + sum(h.shape[0] for h in held)
+        whole in memory (a 262k-vocabulary logits tensor is 1 MB a row). Chunked points get no derived points."""
+        self.pending[name] = True
+        self.writer.append(name, rows)
+        done = self.writer.rows(name)
         if done < self.positions:
             return
-        for row in held:
-            self.writer.append(name, row)
         del self.pending[name]
         if done != self.positions:
             raise RuntimeError(f"trace: {name} has {done} rows for {self.positions} positions")
 
-    def begin(self, writer: TraceWriter, positions: int, only: list[str] | None = None) -> None:
+    def begin(self, writer: TraceWriter, positions: int, only: list[str] | None = None,
+              keep: tuple[str, ...] = ()) -> None:
         self.writer, self.positions, self.pending = writer, positions, {}
         self.only = set(only) if only is not None else None
+        self.keep = {name: [] for name in keep}
+
+    def wants(self, name: str) -> bool:
+        return self.only is None or name in self.only
+
+    @contextmanager
+    def mute(self, *names: str) -> Iterator[None]:
+        """Ignore these points while the engine computes them for itself (not for every position)."""
+        self.muted = set(names)
+        try:
+            yield
+        finally:
+            self.muted = set()
 
     def end(self) -> None:
-        incomplete = {name: self.writer.rows(name) + sum(h.shape[0] for h in held)
-                      for name, held in self.pending.items()}
-        self.writer, self.pending = None, {}
+        incomplete = {name: self.writer.rows(name) for name in self.pending}
+        self.writer, self.pending, self.keep = None, {}, {}
         if incomplete:
             raise RuntimeError(f"trace: points captured for only part of the positions: {incomplete}")
 
@@ -154,12 +171,14 @@ def trace_path(workdir: Path, case_id: str) -> Path:
 
 
 def run_traces(engine_name: str, capture: Capture, requests: list[TraceRequest], workdir: Path, store_dtype: Any,
-               forward: Callable[[list[int]], None], metadata: dict[str, str]) -> Iterator[TraceResult]:
-    """One teacher-forced pass per request, its capture points streamed to workdir/traces/<case>.safetensors."""
+               forward: Callable[[list[int]], None], metadata: dict[str, str],
+               keep: tuple[str, ...] = ()) -> Iterator[TraceResult]:
+    """One teacher-forced pass per request, its capture points streamed to workdir/traces/<case>.safetensors
+    (`keep`: points the forward function reads back from capture.keep)."""
     for request in requests:
         path = trace_path(workdir, request.case_id)
         writer = TraceWriter(path, store_dtype)
-        capture.begin(writer, len(request.token_ids), request.points)
+        capture.begin(writer, len(request.token_ids), request.points, keep)
         started = time.perf_counter()
         try:
             forward(request.token_ids)

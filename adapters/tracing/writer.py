@@ -1,11 +1,12 @@
 """Stream captured tensors to one safetensors file per traced case, without holding them in memory.
 
 Each tensor, or each chunk of rows of one (an engine that computes a point a chunk of positions at a time: chunked
-prefill, logits computed in slices), is appended to a data file the moment a hook captures it; close() writes the
-safetensors header (whose offsets are only known at the end) and copies each point's chunks behind it in order,
-then renames the result into place, so a reader never sees half a trace. The format is the documented safetensors
-layout: an 8-byte little-endian header length, a JSON header of {name: {dtype, shape, data_offsets}}, then the raw
-bytes.
+prefill, logits computed in slices), is appended to a data file the moment a hook captures it, behind room kept for
+the safetensors header (whose offsets are only known at the end). close() writes the header into that room, padded
+with spaces, when every point's chunks lie one after another in the file (a pass without chunked prefill: no byte is
+copied); otherwise it copies each point's chunks behind a new header in order. The result is renamed into place, so
+a reader never sees half a trace. The format is the documented safetensors layout: an 8-byte little-endian header
+length, a JSON header of {name: {dtype, shape, data_offsets}}, then the raw bytes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 SAFETENSORS_DTYPE = {"float32": "F32", "float64": "F64"}
+HEADER_ROOM = 1 << 20  # bytes kept for the header before the data (about 100 bytes a point: ~10,000 points)
 
 
 class TraceWriter:
@@ -25,6 +27,7 @@ class TraceWriter:
         self.path, self.store_dtype = path, store_dtype
         self.data_path = path.with_name(f".{path.name}.data")
         self.data = open(self.data_path, "wb")
+        self.data.seek(8 + HEADER_ROOM)
         self.chunks: dict[str, list[tuple[int, int]]] = {}  # point -> (offset, bytes) of its chunks in the data file
         self.shapes: dict[str, list[int]] = {}
         self.dtypes: dict[str, str] = {}
@@ -47,9 +50,10 @@ class TraceWriter:
         if name in self.complete:
             raise ValueError(f"capture point {name} captured twice in one pass")
         stored = rows.detach().to(device="cpu", dtype=self.store_dtype).contiguous()
-        bad = int((~torch.isfinite(stored)).sum())
-        if bad:
-            self.nonfinite[name] = self.nonfinite.get(name, 0) + bad
+        if not torch.isfinite(stored.sum()):  # a cheap pass: an inf or NaN (or a sum past float32's range) shows
+            bad = int((~torch.isfinite(stored)).sum())
+            if bad:
+                self.nonfinite[name] = self.nonfinite.get(name, 0) + bad
         array = stored.numpy()
         shape = self.shapes.setdefault(name, [0, *array.shape[1:]])
         if list(array.shape[1:]) != shape[1:]:
@@ -66,13 +70,30 @@ class TraceWriter:
 
     def close(self, metadata: dict[str, str]) -> list[str]:
         """Write the safetensors file; returns the captured point names in capture order."""
+        spans = {name: _span(chunks) for name, chunks in self.chunks.items()}
+        in_place = _header(metadata, {name: self._entry(name, span) for name, span in spans.items()
+                                      if span is not None})
+        if None not in spans.values() and len(in_place) <= HEADER_ROOM:
+            self.data.seek(0)
+            self.data.write(struct.pack("<Q", HEADER_ROOM) + in_place.ljust(HEADER_ROOM))
+            self.data.close()
+            os.replace(self.data_path, self.path)
+            return list(self.chunks)
+        self._copy_behind_header(metadata)
+        return list(self.chunks)
+
+    def _entry(self, name: str, span: tuple[int, int]) -> dict[str, Any]:
+        return {"dtype": self.dtypes[name], "shape": self.shapes[name], "data_offsets": list(span)}
+
+    def _copy_behind_header(self, metadata: dict[str, str]) -> None:
+        """Points whose chunks are interleaved in the data file: copied in order behind a header of their own."""
         self.data.close()
-        header, start = {}, 0
+        entries, start = {}, 0
         for name, chunks in self.chunks.items():
             end = start + sum(size for _, size in chunks)
-            header[name] = {"dtype": self.dtypes[name], "shape": self.shapes[name], "data_offsets": [start, end]}
+            entries[name] = self._entry(name, (start, end))
             start = end
-        encoded = json.dumps({"__metadata__": metadata, **header}, separators=(",", ":")).encode()
+        encoded = _header(metadata, entries)
         encoded += b" " * (-len(encoded) % 8)  # the data section starts 8-byte aligned
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         with open(tmp, "wb") as out, open(self.data_path, "rb") as data:
@@ -80,16 +101,29 @@ class TraceWriter:
             out.write(encoded)
             for chunks in self.chunks.values():
                 for offset, size in chunks:
-                    data.seek(offset)
+                    data.seek(8 + HEADER_ROOM + offset)
                     _copy(data, out, size)
         os.replace(tmp, self.path)
         self.data_path.unlink()
-        return list(self.chunks)
 
     def discard(self) -> None:
         """Drop a half-captured trace (the pass failed)."""
         self.data.close()
         self.data_path.unlink(missing_ok=True)
+
+
+def _span(chunks: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """(start, end) of a point's bytes in the data section, or None where other points' chunks lie between them."""
+    end = chunks[0][0]
+    for offset, size in chunks:
+        if offset != end:
+            return None
+        end += size
+    return chunks[0][0], end
+
+
+def _header(metadata: dict[str, str], entries: dict[str, dict[str, Any]]) -> bytes:
+    return json.dumps({"__metadata__": metadata, **entries}, separators=(",", ":")).encode()
 
 
 def _copy(source, target, size: int, block: int = 8 << 20) -> None:

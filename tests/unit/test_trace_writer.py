@@ -48,3 +48,27 @@ def test_nonfinite_values_are_counted_across_chunks(tmp_path) -> None:
     writer.append("logits", torch.tensor([[float("nan"), float("nan")]]))
     assert writer.nonfinite == {"logits": 3}
     writer.discard()
+
+
+def test_points_written_one_after_another_get_their_header_in_place(tmp_path) -> None:
+    """Without chunked prefill each point's chunks are consecutive (logits in slices included): the data file becomes
+    the trace with the header written into the room kept for it, and safetensors reads it."""
+    path = tmp_path / "case.safetensors"
+    writer = TraceWriter(path, torch.float32)
+    logits = torch.randn(5, 7)
+    writer.add("final_norm", torch.randn(5, 3))
+    writer.append("logits", logits[:2])
+    writer.append("logits", logits[2:])
+    data_file = writer.data_path
+    inode = data_file.stat().st_ino
+    writer.close({"engine": "test"})
+    assert path.stat().st_ino == inode and not data_file.exists()  # renamed, not copied
+    np.testing.assert_array_equal(load_file(str(path))["logits"], logits.numpy())
+    np.testing.assert_array_equal(Trace(path).rows("logits", 0, 5), logits.numpy().astype(np.float64))
+
+
+def test_huge_finite_values_are_not_counted_as_nonfinite(tmp_path) -> None:
+    writer = TraceWriter(tmp_path / "case.safetensors", torch.float32)
+    writer.append("layers.0.mlp", torch.full((4, 2), 3e38))  # their float32 sum overflows; each value is finite
+    assert writer.nonfinite == {}
+    writer.discard()
