@@ -53,6 +53,8 @@ def _column_problem(column: pa.ChunkedArray, kind: str) -> str | None:
     """Why a column does not hold values of `kind` (str, int, float, bool, json: a string holding a JSON object,
     json|empty: the same or "", list[...]; a trailing ? allows nulls), or None."""
     nullable, kind = kind.endswith("?"), kind.removesuffix("?")
+    if len(column) == column.null_count and (nullable or not len(column)):
+        return None  # no values, none of a wrong kind (pandas types an empty or all-None column float64)
     if not _matches(kind, column.type):
         return f"holds {column.type}, not {kind}"
     if not nullable and len(column) and (pa.types.is_null(column.type) or _nulls(column)):

@@ -17,7 +17,7 @@ from harness.errors import ConfigError
 from harness.report.html import build
 from harness.report.summary import write_summary
 from harness.run.store import FORMAT_VERSION, EngineMeta, RunMeta, read_meta, write_meta
-from harness.run.tables import results_frame, steps_frame, write_parquet
+from harness.run.tables import STEP_TYPES, read_parquet, results_frame, steps_frame, write_parquet
 from harness.scenario.spec import load
 from harness.types import Result
 
@@ -116,3 +116,18 @@ def _edit_results(run: Path, column: str, value: str) -> None:
     frame = pd.read_parquet(run / "results.parquet")
     frame[column] = value
     write_parquet(run / "results.parquet", frame)
+
+
+def test_a_run_without_steps_reads_back(tmp_path: Path) -> None:
+    """A beam-search-only run has no per-step rows: its empty steps table (pandas types empty columns float64) still
+    reads back for baseline save and the HTML report."""
+    write_parquet(tmp_path / "steps.parquet", steps_frame([]))
+    assert read_parquet(tmp_path, "steps.parquet", STEP_TYPES).empty
+
+
+def test_a_nullable_column_with_no_values_reads_back(tmp_path: Path) -> None:
+    """Beam verdicts have no first divergent step: their step columns hold only nulls, which pandas writes float64."""
+    write_parquet(tmp_path / "t.parquet", pd.DataFrame({"flag": [None, None], "name": ["a", None]}))
+    assert len(read_parquet(tmp_path, "t.parquet", {"flag": "bool?"})) == 2
+    with pytest.raises(ConfigError, match="column name: has empty"):
+        read_parquet(tmp_path, "t.parquet", {"name": "str"})
