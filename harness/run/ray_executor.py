@@ -74,7 +74,8 @@ class RayExecutor:
             os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_project_root()),
                                                                      os.environ.get("PYTHONPATH")]))
         try:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False,
+            # "local": a new instance even where `ray start` left one running (ray.init(None) would attach to it)
+            ray.init(address=address or "local", include_dashboard=False, log_to_driver=False, configure_logging=False,
                      num_cpus=os.cpu_count() if started_here else None,
                      object_store_memory=LOCAL_OBJECT_STORE if started_here else None)
         except (ConnectionError, RuntimeError, ValueError) as exc:

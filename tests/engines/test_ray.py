@@ -219,3 +219,20 @@ def test_an_engine_no_node_can_host_is_refused_before_anything_starts(ray_cluste
     assert code == 3 and "engine b: no node of the Ray cluster has 1 CPU, node_z: 1" in err, err[-2000:]
     assert time.monotonic() - started < 60
     assert not (ray_cluster.out / "nowhere").exists()  # no half-written run directory
+
+
+def test_without_an_address_a_run_starts_its_own_instance_beside_a_running_cluster(ray_cluster, tmp_path):
+    """ray.init() with no address attaches to the cluster a machine last started (ray start, or this module's
+    cluster); `--executor ray` without --ray-address promises an instance of its own, on this machine."""
+    scenario = write_scenario(tmp_path / "own.yaml", """\
+name: own
+model: tiny-llama
+engines: {a: {engine: hf, reference: true}, b: {engine: hf}}
+prompts: ["The capital of France is"]
+params: {max_new_tokens: 2}
+""")
+    run = parity("run", str(scenario), "--executor", "ray", out=tmp_path / "out")
+    assert run.code == 0, run.stderr[-2000:]
+    cluster_nodes = {node.node_id for node in ray_cluster.cluster.list_all_nodes()}
+    placed = {_actors(run.run_dir, engine)[0]["node_id"] for engine in ("a", "b")}
+    assert placed and not placed & cluster_nodes
