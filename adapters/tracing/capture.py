@@ -25,7 +25,7 @@ from adapters.tracing.writer import TraceWriter
 from harness.explain.points import layer_point
 from harness.types import TraceRequest, TraceResult
 
-LOGITS_SLICE = 128  # positions whose logits a traced pass computes at once (128 MB at a 262k vocabulary)
+LOGITS_SLICE = 64  # positions whose logits a traced pass computes at once (64 MB at a 262k vocabulary)
 Derive = Callable[[str, Any], list[tuple[str, Any]]]  # (point name, tensor) -> extra points computed from it
 
 

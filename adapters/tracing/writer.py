@@ -1,7 +1,8 @@
 """Stream captured tensors to one safetensors file per traced case, without holding them in memory.
 
 Each tensor, or each chunk of rows of one (an engine that computes a point a chunk of positions at a time: chunked
-prefill, logits computed in slices), is appended to a data file the moment a hook captures it, behind room kept for
+prefill, logits computed in slices), is copied the moment a hook captures it and appended to a data file by a thread
+(adapters.tracing.background_file) while the engine computes on, behind room kept for
 the safetensors header (whose offsets are only known at the end). close() writes the header into that room, padded
 with spaces, when every point's chunks lie one after another in the file (a pass without chunked prefill: no byte is
 copied); otherwise it copies each point's chunks behind a new header in order. The result is renamed into place, so
@@ -11,11 +12,14 @@ length, a JSON header of {name: {dtype, shape, data_offsets}}, then the raw byte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
 from pathlib import Path
 from typing import Any
+
+from adapters.tracing.background_file import BackgroundFile
 
 SAFETENSORS_DTYPE = {"float32": "F32", "float64": "F64"}
 HEADER_ROOM = 1 << 20  # bytes kept for the header before the data (about 100 bytes a point: ~10,000 points)
@@ -26,8 +30,7 @@ class TraceWriter:
         """store_dtype: the torch dtype tensors are stored in (float32, or float64 for a float64 model)."""
         self.path, self.store_dtype = path, store_dtype
         self.data_path = path.with_name(f".{path.name}.data")
-        self.data = open(self.data_path, "wb")
-        self.data.seek(8 + HEADER_ROOM)
+        self.data = BackgroundFile(self.data_path, 8 + HEADER_ROOM)
         self.chunks: dict[str, list[tuple[int, int]]] = {}  # point -> (offset, bytes) of its chunks in the data file
         self.shapes: dict[str, list[int]] = {}
         self.dtypes: dict[str, str] = {}
@@ -49,7 +52,8 @@ class TraceWriter:
 
         if name in self.complete:
             raise ValueError(f"capture point {name} captured twice in one pass")
-        stored = rows.detach().to(device="cpu", dtype=self.store_dtype).contiguous()
+        stored = torch.empty(rows.shape, dtype=self.store_dtype)  # a copy: the engine may reuse its buffer
+        stored.copy_(rows.detach())
         if not torch.isfinite(stored.sum()):  # a cheap pass: an inf or NaN (or a sum past float32's range) shows
             bad = int((~torch.isfinite(stored)).sum())
             if bad:
@@ -58,7 +62,7 @@ class TraceWriter:
         shape = self.shapes.setdefault(name, [0, *array.shape[1:]])
         if list(array.shape[1:]) != shape[1:]:
             raise ValueError(f"capture point {name}: a chunk of width {list(array.shape[1:])} after {shape[1:]}")
-        self.data.write(memoryview(array).cast("B"))
+        self.data.write(array)
         self.chunks.setdefault(name, []).append((self.offset, array.nbytes))
         self.dtypes[name] = SAFETENSORS_DTYPE[str(array.dtype)]
         shape[0] += array.shape[0]
@@ -73,12 +77,14 @@ class TraceWriter:
         spans = {name: _span(chunks) for name, chunks in self.chunks.items()}
         in_place = _header(metadata, {name: self._entry(name, span) for name, span in spans.items()
                                       if span is not None})
+        data = self.data.finish()
         if None not in spans.values() and len(in_place) <= HEADER_ROOM:
-            self.data.seek(0)
-            self.data.write(struct.pack("<Q", HEADER_ROOM) + in_place.ljust(HEADER_ROOM))
-            self.data.close()
+            data.seek(0)
+            data.write(struct.pack("<Q", HEADER_ROOM) + in_place.ljust(HEADER_ROOM))
+            data.close()
             os.replace(self.data_path, self.path)
             return list(self.chunks)
+        data.close()
         self._copy_behind_header(metadata)
         return list(self.chunks)
 
@@ -87,7 +93,6 @@ class TraceWriter:
 
     def _copy_behind_header(self, metadata: dict[str, str]) -> None:
         """Points whose chunks are interleaved in the data file: copied in order behind a header of their own."""
-        self.data.close()
         entries, start = {}, 0
         for name, chunks in self.chunks.items():
             end = start + sum(size for _, size in chunks)
@@ -108,7 +113,8 @@ class TraceWriter:
 
     def discard(self) -> None:
         """Drop a half-captured trace (the pass failed)."""
-        self.data.close()
+        with contextlib.suppress(Exception):  # a failed write was raised already: it is why the trace is dropped
+            self.data.finish().close()
         self.data_path.unlink(missing_ok=True)
 
 

@@ -72,3 +72,26 @@ def test_huge_finite_values_are_not_counted_as_nonfinite(tmp_path) -> None:
     writer.append("layers.0.mlp", torch.full((4, 2), 3e38))  # their float32 sum overflows; each value is finite
     assert writer.nonfinite == {}
     writer.discard()
+
+
+def test_the_writer_copies_rows_the_engine_goes_on_to_change(tmp_path) -> None:
+    """Chunks are written by a thread after append returns: what is written is the rows as they were then."""
+    path = tmp_path / "case.safetensors"
+    writer = TraceWriter(path, torch.float32)
+    buffer = torch.zeros(4, 2)
+    for step in range(3):  # an engine reusing one output buffer for every chunk
+        buffer.fill_(step)
+        writer.append("logits", buffer)
+    writer.close({})
+    np.testing.assert_array_equal(load_file(str(path))["logits"][:, 0], np.repeat([0.0, 1.0, 2.0], 4))
+
+
+def test_a_failed_write_is_raised_to_the_capture_and_the_trace_discarded(tmp_path) -> None:
+    path = tmp_path / "case.safetensors"
+    writer = TraceWriter(path, torch.float32)
+    writer.data.file.close()  # every later write fails, as on a full disk
+    writer.append("logits", torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="closed file"):
+        writer.close({})
+    writer.discard()
+    assert not path.exists() and not writer.data_path.exists()
