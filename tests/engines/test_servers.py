@@ -175,7 +175,7 @@ engines:
   hf: {engine: hf, reference: true}
   served: {engine: vllm-server, options: {concurrency: 1, retries: 1}}
 prompts: ["one", "two", "three", "four", "five", "six", "seven", "eight"]
-params: {temperature: 0, max_new_tokens: 48, ignore_eos: true}
+params: {temperature: 0, max_new_tokens: 120, ignore_eos: true}  # about a second a case: the kill lands mid-run
 """
 
 
