@@ -243,7 +243,7 @@ class Engine:
             so the logits of every position are never in memory at once."""
             with torch.inference_mode():
                 hidden = self.model.base_model(input_ids=torch.tensor([token_ids]), use_cache=False)[0]
-                if self.capture.only is None or "logits" in self.capture.only:
+                if self.capture.wants("logits"):
                     for start in range(0, hidden.shape[1], LOGITS_SLICE):
                         self.model.lm_head(hidden[:, start:start + LOGITS_SLICE])
 

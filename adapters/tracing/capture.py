@@ -39,7 +39,7 @@ class Capture:
         self.muted: set[str] = set()
         self.keep: dict[str, list[Any]] = {}  # point name -> its rows of this pass (begin(keep=...))
         self.positions = 0
-        self.pending: dict[str, bool] = {}  # points streamed in chunks, not yet complete
+        self.pending: set[str] = set()  # points streamed in chunks, not yet complete
         self.handles: list[Any] = []
         self._attach()
 
@@ -98,11 +98,11 @@ class Capture:
     def _emit(self, name: str, tensor: Any, tap: Tap) -> None:
         if name in self.muted:
             return
-        if name in self.keep:
-            self.keep[name].append(_rows(tensor, tap).detach().clone())
-        if self.only is not None and name not in self.only:
-            return
         rows = _rows(tensor, tap)
+        if name in self.keep:
+            self.keep[name].append(rows.detach().clone())
+        if not self.wants(name):
+            return
         if name in self.pending or rows.shape[0] < self.positions:
             self._stream(name, rows)
             return
@@ -116,18 +116,18 @@ class Capture:
     def _stream(self, name: str, rows: Any) -> None:
         """A point delivered in chunks of positions: each chunk goes to the writer as it comes, so a point is never
         whole in memory (a 262k-vocabulary logits tensor is 1 MB a row). Chunked points get no derived points."""
-        self.pending[name] = True
+        self.pending.add(name)
         self.writer.append(name, rows)
         done = self.writer.rows(name)
         if done < self.positions:
             return
-        del self.pending[name]
+        self.pending.discard(name)
         if done != self.positions:
             raise RuntimeError(f"trace: {name} has {done} rows for {self.positions} positions")
 
     def begin(self, writer: TraceWriter, positions: int, only: list[str] | None = None,
               keep: tuple[str, ...] = ()) -> None:
-        self.writer, self.positions, self.pending = writer, positions, {}
+        self.writer, self.positions, self.pending = writer, positions, set()
         self.only = set(only) if only is not None else None
         self.keep = {name: [] for name in keep}
 
@@ -145,7 +145,7 @@ class Capture:
 
     def end(self) -> None:
         incomplete = {name: self.writer.rows(name) for name in self.pending}
-        self.writer, self.pending, self.keep = None, {}, {}
+        self.writer, self.pending, self.keep = None, set(), {}
         if incomplete:
             raise RuntimeError(f"trace: points captured for only part of the positions: {incomplete}")
 
