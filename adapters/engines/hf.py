@@ -238,13 +238,13 @@ class Engine:
     def trace(self, requests: list[TraceRequest]) -> Iterator[TraceResult]:
         torch = self.torch
 
-        def forward(token_ids: list[int]) -> None:
-            """The decoder once, then lm_head a slice of positions at a time (each slice streamed by the capture),
-            so the logits of every position are never in memory at once."""
+        def forward(token_ids: list[int], logits_from: int) -> None:
+            """The decoder once, then lm_head over the positions from logits_from on, a slice at a time (each
+            slice streamed by the capture), so those logits are never all in memory at once."""
             with torch.inference_mode():
                 hidden = self.model.base_model(input_ids=torch.tensor([token_ids]), use_cache=False)[0]
                 if self.capture.wants("logits"):
-                    for start in range(0, hidden.shape[1], LOGITS_SLICE):
+                    for start in range(logits_from, hidden.shape[1], LOGITS_SLICE):
                         self.model.lm_head(hidden[:, start:start + LOGITS_SLICE])
 
         store = torch.float64 if self.dtype == "float64" else torch.float32

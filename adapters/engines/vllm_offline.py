@@ -173,9 +173,10 @@ class Engine:
 
     def trace(self, requests: list[TraceRequest]) -> Iterator[TraceResult]:
         """Teacher forcing: one prefill over the whole sequence (max_tokens=1) computes every position's hidden
-        states; the logits of every position are then computed from the final norm's rows with the model's own
-        compute_logits, LOGITS_SLICE positions at a time. Not through prompt_logprobs: vLLM would hold the logits of
-        every position and their log-softmax at once (3.1 GB for 1,500 positions of a 262k vocabulary)."""
+        states; the logits from the prompt's last position on are then computed from the final norm's rows with the
+        model's own compute_logits, LOGITS_SLICE positions at a time. Not through prompt_logprobs: vLLM would hold
+        the logits of every position and their log-softmax at once (3.1 GB for 1,500 positions of a 262k
+        vocabulary)."""
         import torch
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
@@ -184,14 +185,14 @@ class Engine:
         model = self.llm.apply_model(lambda m: m)[0]
         capture = self.capture
 
-        def forward(token_ids: list[int]) -> None:
+        def forward(token_ids: list[int], logits_from: int) -> None:
             with capture.mute("logits"):  # the sampler's own logits call: the last position only
                 self.llm.generate([TokensPrompt(prompt_token_ids=token_ids)], params, use_tqdm=False)
             if not capture.wants("logits"):
                 return
             hidden = torch.cat(capture.keep["final_norm"])
             with torch.inference_mode():
-                for start in range(0, hidden.shape[0], LOGITS_SLICE):
+                for start in range(logits_from, hidden.shape[0], LOGITS_SLICE):
                     model.compute_logits(hidden[start:start + LOGITS_SLICE])
 
         store = torch.float64 if self.dtype == "float64" else torch.float32

@@ -11,8 +11,9 @@ job: {"task": "effective" | "transplant", "module": the engine's sampling module
   beams items:      {"case_id", "engine", "module", "kwargs" (its sampling code), "params", "prompt_ids",
                      "real": [token ids of each beam the engine returned]}
                     -> {"case_id", "engine", "beams", "steps", "real_logprobs"} or {"case_id", "engine", "error"}
-The logits file is a trace (safetensors with a [positions, vocab] `logits` tensor); step s of a case uses the row
-of position prompt_len + s - 1, cast to the engine's dtype (the logits that engine's sampler would receive).
+The logits file is a trace (safetensors with a `logits` tensor whose first row is position `logits_from` of its
+metadata, 0 if absent); step s of a case uses the row of position prompt_len + s - 1, cast to the engine's dtype
+(the logits that engine's sampler would receive).
 For beams, model_path and dtype are the reference's: the engine's own beam-search loop runs on the reference model's
 logits (adapters.sampling.oracle); `steps` are the beams it kept alive at each step, `real_logprobs` the oracle's
 logprob of each token of the engine's real beams.
@@ -65,8 +66,9 @@ def transplant_items(module: Any, kwargs: dict, job: dict[str, Any]) -> list[dic
         own = _own(job, module, kwargs, item)
         code = importlib.import_module(own["module"])
         params = SamplingParams(**item["params"])
-        start, steps = item["prompt_len"] - 1, len(item["token_ids"]) - item["prompt_len"]
+        steps = len(item["token_ids"]) - item["prompt_len"]
         with safe_open(item["logits_path"], framework="pt") as f:
+            start = item["prompt_len"] - 1 - int((f.metadata() or {}).get("logits_from", 0))
             logits = f.get_slice("logits")[start : start + steps].to(getattr(torch, own["dtype"]))
         record = Recorder()
         answer = {"case_id": item["case_id"], "variant": item["variant"], "engine": item.get("engine")}

@@ -6,7 +6,8 @@ Hooks are registered once after the engine has loaded and stay idle (a flag chec
 warm-up runs and ordinary generation are not captured. Engines that flatten the batch ([tokens, width], vLLM) and
 engines that keep it ([1, seq, width], HF; per-head tensors [1, heads, seq, dim]) all end up as [positions, width]; a
 point delivered in several chunks (chunked prefill, logits computed in two calls or in slices) is streamed to the
-writer chunk by chunk until it has one row per position. A point can be muted while the engine computes it for
+writer chunk by chunk until it has one row per position (the logits: one per position from the prompt's last,
+see harness.explain.trace_diff.Trace). A point can be muted while the engine computes it for
 its own purposes (vLLM's sampler computes the last position's logits), and a point can be kept in memory for the
 adapter to compute another from (vLLM's logits, from the final norm's rows, a slice at a time).
 """
@@ -39,6 +40,7 @@ class Capture:
         self.muted: set[str] = set()
         self.keep: dict[str, list[Any]] = {}  # point name -> its rows of this pass (begin(keep=...))
         self.positions = 0
+        self.logits_from = 0
         self.pending: set[str] = set()  # points streamed in chunks, not yet complete
         self.handles: list[Any] = []
         self._attach()
@@ -103,11 +105,11 @@ class Capture:
             self.keep[name].append(rows.detach().clone())
         if not self.wants(name):
             return
-        if name in self.pending or rows.shape[0] < self.positions:
+        if name in self.pending or rows.shape[0] < self.expected(name):
             self._stream(name, rows)
             return
-        if rows.shape[0] != self.positions:
-            raise RuntimeError(f"trace: {name} has {rows.shape[0]} rows for {self.positions} positions")
+        if rows.shape[0] != self.expected(name):
+            raise RuntimeError(f"trace: {name} has {rows.shape[0]} rows for {self.expected(name)} positions")
         self.writer.add(name, rows)
         if self.derive is not None:
             for extra, value in self.derive(name, rows):
@@ -119,15 +121,19 @@ class Capture:
         self.pending.add(name)
         self.writer.append(name, rows)
         done = self.writer.rows(name)
-        if done < self.positions:
+        if done < self.expected(name):
             return
         self.pending.discard(name)
-        if done != self.positions:
-            raise RuntimeError(f"trace: {name} has {done} rows for {self.positions} positions")
+        if done != self.expected(name):
+            raise RuntimeError(f"trace: {name} has {done} rows for {self.expected(name)} positions")
+
+    def expected(self, name: str) -> int:
+        """Rows a point has in this pass."""
+        return self.positions - self.logits_from if name == "logits" else self.positions
 
     def begin(self, writer: TraceWriter, positions: int, only: list[str] | None = None,
-              keep: tuple[str, ...] = ()) -> None:
-        self.writer, self.positions, self.pending = writer, positions, set()
+              keep: tuple[str, ...] = (), logits_from: int = 0) -> None:
+        self.writer, self.positions, self.logits_from, self.pending = writer, positions, logits_from, set()
         self.only = set(only) if only is not None else None
         self.keep = {name: [] for name in keep}
 
@@ -164,6 +170,11 @@ def _rows(tensor: Any, tap: Tap) -> Any:
     return tensor.reshape(tensor.shape[0], -1)  # [tokens, heads, dim] -> [tokens, heads*dim]
 
 
+def logits_start(request: TraceRequest) -> int:
+    """The first position whose logits a trace keeps: the prompt's last, which predicts the first generated token."""
+    return max(0, request.prompt_len - 1)
+
+
 def trace_path(workdir: Path, case_id: str) -> Path:
     folder = workdir / "traces"
     folder.mkdir(parents=True, exist_ok=True)
@@ -171,23 +182,26 @@ def trace_path(workdir: Path, case_id: str) -> Path:
 
 
 def run_traces(engine_name: str, capture: Capture, requests: list[TraceRequest], workdir: Path, store_dtype: Any,
-               forward: Callable[[list[int]], None], metadata: dict[str, str],
+               forward: Callable[[list[int], int], None], metadata: dict[str, str],
                keep: tuple[str, ...] = ()) -> Iterator[TraceResult]:
-    """One teacher-forced pass per request, its capture points streamed to workdir/traces/<case>.safetensors
-    (`keep`: points the forward function reads back from capture.keep)."""
+    """One teacher-forced pass per request, its capture points streamed to workdir/traces/<case>.safetensors.
+    forward(token_ids, logits_from) runs the model and computes the logits from position logits_from on; `keep`:
+    points it reads back from capture.keep."""
     for request in requests:
         path = trace_path(workdir, request.case_id)
         writer = TraceWriter(path, store_dtype)
-        capture.begin(writer, len(request.token_ids), request.points, keep)
+        logits_from = logits_start(request)
+        capture.begin(writer, len(request.token_ids), request.points, keep, logits_from)
         started = time.perf_counter()
         try:
-            forward(request.token_ids)
+            forward(request.token_ids, logits_from)
             capture.end()
         except BaseException:
             capture.writer = None
             writer.discard()
             raise
         points = writer.close({**metadata, "arch": capture.arch.name, "fused": ",".join(capture.arch.fused),
-                               "case_id": request.case_id, "prompt_len": str(request.prompt_len)})
+                               "case_id": request.case_id, "prompt_len": str(request.prompt_len),
+                               "logits_from": str(logits_from)})
         yield TraceResult(case_id=request.case_id, engine=engine_name, status="ok", path=str(path), points=points,
                           nonfinite=writer.nonfinite, timings={"trace_s": time.perf_counter() - started})

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from adapters.engines.llamacpp_gguf import hf_layout
-from adapters.tracing.capture import trace_path
+from adapters.tracing.capture import logits_start, trace_path
 from adapters.tracing.writer import TraceWriter
 from harness.explain.points import layer_point
 from harness.types import TraceRequest, TraceResult
@@ -197,8 +197,10 @@ class GraphTracer:
             rows = hf_layout(rows, self.heads[layout])
         return torch.from_numpy(np.ascontiguousarray(rows))
 
-    def run(self, token_ids: list[int], points: list[str] | None, writer: Any) -> None:
-        """Evaluate the sequence, streaming the wanted points (every point when None) and the logits to writer."""
+    def run(self, token_ids: list[int], points: list[str] | None, writer: Any, logits_from: int) -> None:
+        """Evaluate the sequence, streaming the wanted points (every point when None) and the logits from position
+        logits_from on to writer. Every position is evaluated with its logits: llama.cpp computes only the rows
+        of positions that ask for logits in its last layer, and the last layer's points need them all."""
         import torch
 
         if self.unavailable and (points is None or set(points) - {"logits"}):
@@ -222,7 +224,7 @@ class GraphTracer:
         if points is None or "logits" in points:
             vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
             logits = np.ctypeslib.as_array(lc.llama_get_logits(self.ctx), shape=(len(token_ids) * vocab,))
-            writer.add("logits", torch.from_numpy(logits.reshape(len(token_ids), vocab).copy()))
+            writer.add("logits", torch.from_numpy(logits.reshape(len(token_ids), vocab)[logits_from:].copy()))
 
     def close(self) -> None:
         if self.ctx:
@@ -239,12 +241,14 @@ def run_graph_traces(engine_name: str, tracer: GraphTracer, requests: list[Trace
         path = trace_path(workdir, request.case_id)
         writer = TraceWriter(path, torch.float32)
         started = time.perf_counter()
+        logits_from = logits_start(request)
         try:
-            tracer.run(request.token_ids, request.points, writer)
+            tracer.run(request.token_ids, request.points, writer, logits_from)
         except BaseException:
             writer.discard()
             raise
         points = writer.close({**metadata, "arch": tracer.map.name if tracer.map else "", "fused": "",
-                               "case_id": request.case_id, "prompt_len": str(request.prompt_len)})
+                               "case_id": request.case_id, "prompt_len": str(request.prompt_len),
+                               "logits_from": str(logits_from)})
         yield TraceResult(case_id=request.case_id, engine=engine_name, status="ok", path=str(path), points=points,
                           nonfinite=writer.nonfinite, timings={"trace_s": time.perf_counter() - started})

@@ -29,7 +29,12 @@ NUMPY_DTYPE = {"F32": np.float32, "F64": np.float64, "F16": np.float16}
 class Trace:
     """Lazy reader of a trace file (the safetensors layout: an 8-byte header length, a JSON header, raw row-major
     data). Rows are read with positioned reads into fresh buffers, a point and a chunk of rows at a time, never
-    memory-mapped: comparing 400 points, or one logits tensor of a huge vocabulary, holds one chunk, not the file."""
+    memory-mapped: comparing 400 points, or one logits tensor of a huge vocabulary, holds one chunk, not the file.
+
+    Positions are those of the token sequence. Every point has a row per position except the logits, which start
+    at the metadata's logits_from (the prompt's last position, whose logits choose the first generated token): the
+    logits of the prompt's other positions predict tokens nobody sampled, and at a 262k vocabulary they would be
+    most of a trace's cost (1 MB a row)."""
 
     def __init__(self, path: str | Path):
         import json
@@ -48,12 +53,23 @@ class Trace:
         rows, width = self.tensors[point]["shape"]
         return int(rows), int(width)
 
+    def first(self, point: str) -> int:
+        """The position of a point's first row."""
+        return int(self.metadata.get("logits_from", 0)) if point == "logits" else 0
+
+    def span(self, point: str) -> tuple[int, int]:
+        """(first, end) positions a point has rows for."""
+        return self.first(point), self.first(point) + self.shape(point)[0]
+
     def rows(self, point: str, start: int, stop: int, width: int | None = None) -> np.ndarray:
-        """Rows start..stop of a point (its first `width` columns when given), in float64."""
+        """The rows of positions start..stop of a point (its first `width` columns when given), in float64."""
         entry = self.tensors[point]
         dtype = np.dtype(NUMPY_DTYPE[entry["dtype"]])
         full_width = int(entry["shape"][1])
-        stop = min(stop, int(entry["shape"][0]))
+        first = self.first(point)
+        if start < first:
+            raise ValueError(f"{self.path.name}: {point} starts at position {first}, not {start}")
+        start, stop = start - first, min(stop - first, int(entry["shape"][0]))
         buffer = np.empty((max(0, stop - start), full_width), dtype=dtype)
         with open(self.path, "rb") as file:
             file.seek(self.data_start + entry["data_offsets"][0] + start * full_width * dtype.itemsize)
@@ -87,12 +103,21 @@ def position_metrics(x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
 def compared_width(point: str, x_shape: tuple[int, int], y_shape: tuple[int, int], names: tuple[str, str]) -> int:
     """The columns two traces' tensors of a point are compared over. Logits may differ in width (an engine that
     trims its output layer to the tokenizer's vocabulary): they are compared over the shared token ids, which
-    compare_traces records in the frame's attrs. Any other shape difference is an error."""
-    if x_shape == y_shape:
+    compare_traces records in the frame's attrs. Any other width difference is an error."""
+    if x_shape[1] == y_shape[1]:
         return x_shape[1]
-    if point == "logits" and x_shape[0] == y_shape[0]:
+    if point == "logits":
         return min(x_shape[1], y_shape[1])
     raise ValueError(f"{point}: shapes differ ({x_shape} in {names[0]}, {y_shape} in {names[1]})")
+
+
+def compared_positions(point: str, reference: Trace, other: Trace) -> tuple[int, int]:
+    """The positions both traces have rows of a point for. Only the logits may start later in one of them."""
+    (x_first, x_end), (y_first, y_end) = reference.span(point), other.span(point)
+    if point != "logits" and (x_first, x_end) != (y_first, y_end):
+        raise ValueError(f"{point}: positions differ ({x_first}..{x_end} in {reference.path.name}, "
+                         f"{y_first}..{y_end} in {other.path.name})")
+    return max(x_first, y_first), min(x_end, y_end)
 
 
 def compare_traces(reference: Trace, other: Trace) -> pd.DataFrame:
@@ -106,10 +131,12 @@ def compare_traces(reference: Trace, other: Trace) -> pd.DataFrame:
         if width < max(x_shape[1], y_shape[1]):
             notes.append(f"{point}: compared over the {width} token ids both engines score ({x_shape[1]} in "
                          f"{reference.path.name}, {y_shape[1]} in {other.path.name})")
-        parts = [position_metrics(reference.rows(point, a, b, width), other.rows(point, a, b, width))
-                 for a, b in row_chunks(x_shape[0], width)]
+        first, end = compared_positions(point, reference, other)
+        parts = [position_metrics(reference.rows(point, first + a, first + b, width),
+                                  other.rows(point, first + a, first + b, width))
+                 for a, b in row_chunks(end - first, width)]
         metrics = {m: np.concatenate([part[m] for part in parts]) for m in METRICS}
-        frames.append(pd.DataFrame({"point": point, "layer": parse(point)[0], "position": np.arange(x_shape[0]),
+        frames.append(pd.DataFrame({"point": point, "layer": parse(point)[0], "position": np.arange(first, end),
                                     **metrics}))
     frame = pd.concat(frames, ignore_index=True)
     frame.attrs["notes"] = notes
@@ -123,7 +150,8 @@ def summarize(per_position: pd.DataFrame) -> pd.DataFrame:
     summary = pd.DataFrame({
         "layer": grouped["layer"].first(),
         "error": grouped["rel_l2"].max(skipna=False),
-        "worst_position": grouped["rel_l2"].apply(lambda s: int(s.fillna(np.inf).to_numpy().argmax())),
+        "worst_position": grouped["rel_l2"].apply(
+            lambda s: int(per_position["position"].to_numpy()[s.index[s.fillna(np.inf).to_numpy().argmax()]])),
         "max_abs": grouped["max_abs"].max(skipna=False),
         "min_cosine": grouped["cosine"].min(skipna=False),
         "max_rel_diff": grouped["rel_diff"].max(skipna=False),

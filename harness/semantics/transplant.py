@@ -300,11 +300,9 @@ def _overflow_threshold(hazards: dict, ref_item: dict, item: dict, ref: str, log
         dtype = (ref_item if engine == ref else item).get("effective", {}).get("logits_dtype")
         temperature = (ref_item if engine == ref else item).get("effective", {}).get("temperature")
         if dtype in DTYPE_MAX and any("temperature" in h["op"] and h.get("+inf") for h in found):
-            from safetensors import safe_open
+            from harness.explain.trace_diff import Trace
 
-            with safe_open(logits_path, framework="numpy") as f:
-                rows = f.get_slice("logits")[request.prompt_len - 1 : len(request.token_ids) - 1]
-            top = float(np.max(rows))
+            top = float(np.max(Trace(logits_path).rows("logits", request.prompt_len - 1, len(request.token_ids) - 1)))
             return (f"{dtype} overflows above {DTYPE_MAX[dtype]:g}: with these logits (max {top:.3g}) any "
                     f"temperature below max_logit/{DTYPE_MAX[dtype]:g} = {top / DTYPE_MAX[dtype]:.3g} overflows "
                     f"(this run: {temperature})")

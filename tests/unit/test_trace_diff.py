@@ -11,8 +11,8 @@ from harness.explain import trace_diff
 from harness.explain.trace_diff import Trace, compare_traces, position_metrics, row_chunks
 
 
-def write_trace(path, tensors: dict[str, np.ndarray]) -> Trace:
-    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}, str(path))
+def write_trace(path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> Trace:
+    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}, str(path), metadata)
     return Trace(path)
 
 
@@ -51,3 +51,21 @@ def test_other_shape_differences_are_refused(tmp_path) -> None:
     other = write_trace(tmp_path / "b.safetensors", {"layers.0.v": np.zeros((3, 5))})
     with pytest.raises(ValueError, match="layers.0.v: shapes differ"):
         compare_traces(ref, other)
+
+
+def test_logits_kept_from_the_prompts_last_position_are_read_and_compared_at_their_positions(tmp_path) -> None:
+    """A trace keeps the logits from logits_from on (the positions that predict generated tokens): readers address
+    rows by position, and a trace with every position's logits (an older one) is compared over the shared ones."""
+    rng = np.random.default_rng(1)
+    hidden, logits = rng.normal(size=(6, 4)), rng.normal(size=(6, 9))
+    whole = write_trace(tmp_path / "whole.safetensors", {"final_norm": hidden, "logits": logits})
+    kept = write_trace(tmp_path / "kept.safetensors", {"final_norm": hidden, "logits": logits[4:]},
+                       {"logits_from": "4"})
+    assert kept.span("logits") == (4, 6) and kept.span("final_norm") == (0, 6)
+    np.testing.assert_array_equal(kept.rows("logits", 5, 6), logits[5:6].astype(np.float32).astype(np.float64))
+    with pytest.raises(ValueError, match="logits starts at position 4, not 3"):
+        kept.rows("logits", 3, 6)
+    frame = compare_traces(whole, kept)
+    assert frame[frame.point == "logits"].position.tolist() == [4, 5]
+    assert frame[frame.point == "final_norm"].position.tolist() == list(range(6))
+    assert (frame.max_abs == 0).all()
