@@ -3,7 +3,8 @@
 1. Per engine (HF, vLLM), in one fresh process each with the model loaded once and warmed up (vLLM compiles its
    CPU kernels on the first generate): an untraced generation of a case (prompt + generated tokens = --positions)
    vs the traced teacher-forced pass over the same token sequence, which captures every layer's points,
-   embeddings, final norm and logits and streams them to disk. Target <= 1.5x.
+   embeddings and final norm at every position and the logits from the prompt's last position on, and streams
+   them to disk. Target <= 1.5x.
 2. Peak RSS of an HF worker that generates and then traces the case vs one that only generates (separate
    processes, ru_maxrss). Target: within 300 MB.
 3. `parity explain` of a one-case HF-vs-vLLM scenario vs `parity run` of it, wall time of the whole command
