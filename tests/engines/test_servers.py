@@ -172,7 +172,7 @@ def test_server_vs_offline_scenario(tmp_path: Path) -> None:
 SERVED = """\
 model: smollm2-135m
 engines:
-  hf: {engine: hf, reference: true}
+  hf: {engine: hf, reference: true, options: {batched: true}}  # the eight one-token prompts in one generate call
   served: {engine: vllm-server, options: {concurrency: 1, retries: 1}}
 prompts: ["one", "two", "three", "four", "five", "six", "seven", "eight"]
 params: {temperature: 0, max_new_tokens: 120, ignore_eos: true}  # about a second a case: the kill lands mid-run
