@@ -227,11 +227,11 @@ class Engine:
         return len(ids), "length"
 
     def _capture(self) -> Capture:
-        from adapters.tracing.arch_maps import HF_MAPS, arch_map, sizes
+        from adapters.tracing.arch_maps import HF_LOGITS_ONLY, HF_MAPS, arch_map, sizes
 
         config = self.model.config
-        arch = arch_map(HF_MAPS, config.model_type, self.name)
-        widths = sizes(config)
+        arch = arch_map(HF_MAPS, config.model_type, "hf", HF_LOGITS_ONLY)
+        widths = {} if arch.logits_only else sizes(config)
         derive = HfRope(self.model, arch, widths["head_dim"], config.num_hidden_layers).derive if arch.rope else None
         return Capture(self.model, arch, widths, config.num_hidden_layers, derive)
 
@@ -242,6 +242,9 @@ class Engine:
             """The decoder once, then lm_head over the positions from logits_from on, a slice at a time (each
             slice streamed by the capture), so those logits are never all in memory at once."""
             with torch.inference_mode():
+                if self.capture.arch.logits_only:
+                    self._logits(token_ids, logits_from)
+                    return
                 hidden = self.model.base_model(input_ids=torch.tensor([token_ids]), use_cache=False)[0]
                 if self.capture.wants("logits"):
                     for start in range(logits_from, hidden.shape[1], LOGITS_SLICE):
@@ -250,6 +253,18 @@ class Engine:
         store = torch.float64 if self.dtype == "float64" else torch.float32
         yield from run_traces(self.name, self.capture, requests, self.workdir, store, forward,
                               {"engine": DESCRIPTION.name, "dtype": self.dtype})
+
+    def _logits(self, token_ids: list[int], logits_from: int) -> None:
+        """A model type without a map: the logits from the model's own output (a family's final soft-capping
+        included), only the rows the trace keeps where the model can be asked for them."""
+        import inspect
+
+        keep = len(token_ids) - logits_from
+        extra = {"logits_to_keep": keep} if "logits_to_keep" in inspect.signature(self.model.forward).parameters \
+            else {}
+        logits = self.model(input_ids=self.torch.tensor([token_ids]), use_cache=False, **extra).logits[0]
+        if self.capture.wants("logits"):
+            self.capture.deliver("logits", logits[-keep:])
 
     def close(self) -> None:
         if self.capture is not None:

@@ -165,11 +165,11 @@ class Engine:
                 self.capture = self._capture(model)
 
     def _capture(self, model: Any) -> Capture:
-        from adapters.tracing.arch_maps import VLLM_MAPS, arch_map, sizes
+        from adapters.tracing.arch_maps import VLLM_LOGITS_ONLY, VLLM_MAPS, arch_map, sizes
 
         config = self.llm.llm_engine.model_config.hf_config
-        arch = arch_map(VLLM_MAPS, config.model_type, self.name)
-        return Capture(model, arch, sizes(config), config.num_hidden_layers)
+        arch = arch_map(VLLM_MAPS, config.model_type, "vllm", VLLM_LOGITS_ONLY)
+        return Capture(model, arch, {} if arch.logits_only else sizes(config), config.num_hidden_layers)
 
     def trace(self, requests: list[TraceRequest]) -> Iterator[TraceResult]:
         """Teacher forcing: one prefill over the whole sequence (max_tokens=1) computes every position's hidden

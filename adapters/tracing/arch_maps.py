@@ -7,7 +7,7 @@ is the residual stream HF returns. Module paths of per-layer taps are relative t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -41,6 +41,11 @@ class ArchMap:
     after: tuple[Tap, ...]
     fused: tuple[str, ...] = ()  # canonical points this engine computes in a fused module, for the report
     rope: DerivedRope | None = None  # rope the adapter derives itself (None: captured, or the family has none)
+    missing: str = ""  # a logits-only stand-in: why there is no per-layer map (the adapter delivers the logits)
+
+    @property
+    def logits_only(self) -> bool:
+        return bool(self.missing)
 
 
 def _t(points: str, module: str, take: str = "output", split: tuple[str, ...] = (), heads_first: bool = False) -> Tap:
@@ -169,12 +174,20 @@ HF_MAPS = by_model_type(HF_LLAMA, HF_OPT, HF_GEMMA3)
 VLLM_MAPS = by_model_type(VLLM_LLAMA, VLLM_OPT, VLLM_GEMMA3)
 
 
-def arch_map(maps: dict[str, ArchMap], model_type: str, engine: str) -> ArchMap:
-    try:
+# An engine's stand-in for a model type without a map: no per-layer taps, the logits delivered by the adapter from
+# the model's own output (soft-capping and all). vLLM's also takes what its model returns (the hidden states the
+# logits are computed from, after the final norm) to compute the logits of every position from.
+HF_LOGITS_ONLY = ArchMap("hf-logits-only", "", before=(), per_layer=(), after=())
+VLLM_LOGITS_ONLY = ArchMap("vllm-logits-only", "", before=(), per_layer=(),
+                           after=(_t("final_norm", ""), _t("logits", "logits_processor")))
+
+
+def arch_map(maps: dict[str, ArchMap], model_type: str, engine: str, logits_only: ArchMap) -> ArchMap:
+    """The engine's map for a model type, or its logits-only stand-in saying which map is missing."""
+    if model_type in maps:
         return maps[model_type]
-    except KeyError:
-        raise RuntimeError(f"trace: no {engine} architecture map for model type '{model_type}' "
-                           f"(known: {', '.join(sorted(maps))})") from None
+    missing = (f"no {engine} architecture map for model type '{model_type}' (known: {', '.join(sorted(maps))})")
+    return replace(logits_only, missing=missing)
 
 
 def sizes(config: Any) -> dict[str, int]:

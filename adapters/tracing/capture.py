@@ -100,7 +100,10 @@ class Capture:
     def _emit(self, name: str, tensor: Any, tap: Tap) -> None:
         if name in self.muted:
             return
-        rows = _rows(tensor, tap)
+        self.deliver(name, _rows(tensor, tap))
+
+    def deliver(self, name: str, rows: Any) -> None:
+        """A point's rows [positions, width] (or a chunk of them), from a hook or computed by the adapter."""
         if name in self.keep:
             self.keep[name].append(rows.detach().clone())
         if not self.wants(name):
@@ -202,6 +205,6 @@ def run_traces(engine_name: str, capture: Capture, requests: list[TraceRequest],
             raise
         points = writer.close({**metadata, "arch": capture.arch.name, "fused": ",".join(capture.arch.fused),
                                "case_id": request.case_id, "prompt_len": str(request.prompt_len),
-                               "logits_from": str(logits_from)})
+                               "logits_from": str(logits_from), "missing_map": capture.arch.missing})
         yield TraceResult(case_id=request.case_id, engine=engine_name, status="ok", path=str(path), points=points,
                           nonfinite=writer.nonfinite, timings={"trace_s": time.perf_counter() - started})

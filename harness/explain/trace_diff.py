@@ -139,8 +139,14 @@ def compare_traces(reference: Trace, other: Trace) -> pd.DataFrame:
         frames.append(pd.DataFrame({"point": point, "layer": parse(point)[0], "position": np.arange(first, end),
                                     **metrics}))
     frame = pd.concat(frames, ignore_index=True)
-    frame.attrs["notes"] = notes
+    frame.attrs["notes"] = notes + missing_maps(reference, other)
     return frame
+
+
+def missing_maps(*traces: Trace) -> list[str]:
+    """What an engine without a per-layer map for the model could not capture (its trace holds the logits only)."""
+    return [f"{missing}: compared at the logits only (a map in adapters/tracing/arch_maps.py localises per layer)"
+            for missing in dict.fromkeys(t.metadata.get("missing_map", "") for t in traces) if missing]
 
 
 def summarize(per_position: pd.DataFrame) -> pd.DataFrame:

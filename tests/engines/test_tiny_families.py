@@ -3,6 +3,9 @@ rounding. One `parity run` per family (one engine load each), past the families'
 
 from __future__ import annotations
 
+import json
+
+import pandas as pd
 import pytest
 
 from harness.models.tiny import FAMILIES
@@ -35,3 +38,34 @@ def test_hf_and_vllm_match_on_the_tiny_family(family: str, tmp_path) -> None:
     assert set(verdicts.verdict) == {"match"}, verdicts.explanation.tolist()
     results = run.results
     assert results.token_ids.map(len).eq(16).all() and results.prompt_ids.map(len).min() >= 10
+
+
+UNMAPPED = """\
+name: unmapped
+model: tiny-phi3
+dtype: float32
+engines:
+  hf: {engine: hf, reference: true}
+  vllm: {engine: vllm, drift: {max_mean_kld: 1.0e-6, min_top1_agreement: 1.0}}
+prompts: ["The quick brown fox jumps over the lazy dog while"]
+params: {max_new_tokens: 8, ignore_eos: true}
+"""
+
+
+def test_a_family_without_a_map_is_explained_and_drift_measured_at_the_logits(tmp_path) -> None:
+    """phi3 has no per-layer map in either engine: explain, and the drift verdict of the run it starts, work from
+    the logits of each engine's own output, and the notes name the missing maps."""
+    run = parity("explain", str(write_scenario(tmp_path / "unmapped.yaml", UNMAPPED)), out=tmp_path / "reports")
+    assert run.code == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    explain = json.loads((run.run_dir / "explain" / "localisation.json").read_text())
+    notes = " ".join(explain["notes"])
+    for engine in ("hf", "vllm"):
+        assert f"no {engine} architecture map for model type 'phi3'" in notes, notes
+    assert "compared at the logits only" in notes
+    (loc,) = explain["localisations"]
+    assert loc["cause"] == "none", loc
+    points = pd.read_parquet(run.run_dir / "explain" / "points.parquet")
+    assert set(points.point) == {"logits"} and not points.leaves_floor.any()
+    drift = pd.read_parquet(run.run_dir / "drift.parquet")
+    assert drift.ok.all() and drift.mean_kld.max() < 1e-6
+    assert "no hf architecture map" in (run.run_dir / "explain" / "summary.md").read_text()
