@@ -85,7 +85,8 @@ def plan(scenario: LoadedScenario, base_plans: list[EnginePlan], run_dir: Path, 
             mine.append(_seed_control(name, cases))
         for check in (c for c in mine if not c.unsupported):
             for side, which in ((check.baseline, "baseline"), (check.variant, "variant")):
-                overrides = {} if check.control else dict(getattr(_knob(scenario, check), which))
+                overrides = {} if check.control else _changes(spec.engines[name].options,
+                                                               getattr(_knob(scenario, check), which))
                 side.config = _config_name(name, overrides)
                 if which == "baseline" and _repeats_the_comparison(side, plans[name]):
                     side.requests, side.groups = cases, []  # judged on the comparison's own results
@@ -132,6 +133,12 @@ def _repeats_the_comparison(side: Side, base: EnginePlan) -> bool:
 def _knob(scenario: LoadedScenario, check: Check) -> Knob:
     engine = scenario.spec.engines[check.engine]
     return registry.describe(engine.engine).knob(check.knob, engine.options)
+
+
+def _changes(options: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The overrides that change the engine's scenario configuration: a knob side that sets an option to the value
+    the scenario already gives it runs on the engine's own configuration (no second load of the same engine)."""
+    return {key: value for key, value in overrides.items() if key not in options or options[key] != value}
 
 
 def _config_name(engine: str, overrides: dict[str, Any]) -> str:

@@ -145,3 +145,28 @@ def test_vllm_drops_min_p_under_speculative_decoding_and_says_so() -> None:
         "min_p=0.1 NOT APPLIED: vLLM ignores min_p when speculative decoding is on"]
     assert speculative_not_applied(sampled, None) == []
     assert speculative_not_applied(SamplingParams(temperature=0, min_p=0.1), NGRAM) == []  # greedy: min_p moot
+
+
+def test_a_knob_side_the_scenario_already_configures_runs_on_the_engines_own_configuration(tmp_path: Path) -> None:
+    """vLLM with prefix caching and chunked prefill already off: both knobs' baselines are that configuration, so
+    they share the engine's load (and its results) instead of loading the same engine twice more."""
+    from harness.run import invariance
+    from harness.run.execute import plan_engines
+
+    scenario = load(write_scenario(tmp_path / "s.yaml", """\
+model: tiny-llama
+engines:
+  a: {engine: hf, reference: true}
+  b: {engine: vllm, options: {prefix_caching: false, chunked_prefill: false},
+      invariance: [prefix_cache, chunked_prefill]}
+prompts: ["x", "y"]
+params: {temperature: 0, max_new_tokens: 4}
+"""))
+    ids = {c.prompt.id: [1, 2 + i] for i, c in enumerate(scenario.cases)}
+    base = plan_engines(scenario, tmp_path, ids, resolve=lambda *_: tmp_path)
+    plans, checks = invariance.plan(scenario, base, tmp_path, [7, 7, 7], resolve=lambda *_: tmp_path)
+    sides = {c.knob: c for c in checks if not c.unsupported}
+    assert sides["prefix_cache"].baseline.config == sides["chunked_prefill"].baseline.config == "b"
+    assert sides["prefix_cache"].variant.config == "b~prefix_caching=True"
+    assert sorted(p.name for p in plans) == ["a", "b", "b~chunked_prefill=True,max_num_batched_tokens=32",
+                                             "b~prefix_caching=True"]
