@@ -227,10 +227,10 @@ class Engine:
         return len(ids), "length"
 
     def _capture(self) -> Capture:
-        from adapters.tracing.arch_maps import HF_LOGITS_ONLY, HF_MAPS, arch_map, sizes
+        from adapters.tracing.arch_maps import arch_map, sizes
 
         config = self.model.config
-        arch = arch_map(HF_MAPS, config.model_type, "hf", HF_LOGITS_ONLY)
+        arch = arch_map("hf", config.model_type)
         widths = {} if arch.logits_only else sizes(config)
         derive = HfRope(self.model, arch, widths["head_dim"], config.num_hidden_layers).derive if arch.rope else None
         return Capture(self.model, arch, widths, config.num_hidden_layers, derive)
@@ -238,17 +238,22 @@ class Engine:
     def trace(self, requests: list[TraceRequest]) -> Iterator[TraceResult]:
         torch = self.torch
 
+        cap_name = self.capture.arch.logits_softcap
+        cap = getattr(self.model.config, cap_name, None) if cap_name else None
+
         def forward(token_ids: list[int], logits_from: int) -> None:
-            """The decoder once, then lm_head over the positions from logits_from on, a slice at a time (each
-            slice streamed by the capture), so those logits are never all in memory at once."""
+            """The decoder once, then lm_head (and the family's final soft cap) over the positions from logits_from
+            on, a slice at a time (each slice streamed by the capture), so those logits are never all in memory."""
             with torch.inference_mode():
                 if self.capture.arch.logits_only:
                     self._logits(token_ids, logits_from)
                     return
                 hidden = self.model.base_model(input_ids=torch.tensor([token_ids]), use_cache=False)[0]
-                if self.capture.wants("logits"):
-                    for start in range(logits_from, hidden.shape[1], LOGITS_SLICE):
-                        self.model.lm_head(hidden[:, start:start + LOGITS_SLICE])
+                if not self.capture.wants("logits"):
+                    return
+                for start in range(logits_from, hidden.shape[1], LOGITS_SLICE):
+                    logits = self.model.lm_head(hidden[0, start:start + LOGITS_SLICE])
+                    self.capture.deliver("logits", torch.tanh(logits / cap) * cap if cap else logits)
 
         store = torch.float64 if self.dtype == "float64" else torch.float32
         yield from run_traces(self.name, self.capture, requests, self.workdir, store, forward,

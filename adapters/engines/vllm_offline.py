@@ -165,10 +165,10 @@ class Engine:
                 self.capture = self._capture(model)
 
     def _capture(self, model: Any) -> Capture:
-        from adapters.tracing.arch_maps import VLLM_LOGITS_ONLY, VLLM_MAPS, arch_map, sizes
+        from adapters.tracing.arch_maps import arch_map, sizes
 
         config = self.llm.llm_engine.model_config.hf_config
-        arch = arch_map(VLLM_MAPS, config.model_type, "vllm", VLLM_LOGITS_ONLY)
+        arch = arch_map("vllm", config.model_type)
         return Capture(model, arch, {} if arch.logits_only else sizes(config), config.num_hidden_layers)
 
     def trace(self, requests: list[TraceRequest]) -> Iterator[TraceResult]:

@@ -1,6 +1,6 @@
 """Forward hooks that capture canonical points (harness.explain.points) from an engine's model during one
 teacher-forced pass and stream them to a TraceWriter. Which module yields which point is an architecture map
-(adapters.tracing.arch_maps); this file only knows how to hook, split fused outputs and collect rows.
+(adapters.tracing.hf_maps, vllm_maps); this file only knows how to hook, split fused outputs and collect rows.
 
 Hooks are registered once after the engine has loaded and stay idle (a flag check) outside a traced pass, so
 warm-up runs and ordinary generation are not captured. Engines that flatten the batch ([tokens, width], vLLM) and
@@ -168,8 +168,9 @@ def _rows(tensor: Any, tap: Tap) -> Any:
     """One row per position: [positions, width], whatever the engine's layout."""
     if tap.heads_first:
         tensor = tensor[0].transpose(0, 1)  # [1, heads, seq, dim] -> [seq, heads, dim]
-    elif tensor.dim() == 3 and tensor.shape[0] == 1:
-        tensor = tensor[0]  # HF keeps a batch of one (except where a module flattens it, as OPT's MLP does)
+    elif tensor.dim() in (3, 4) and tensor.shape[0] == 1:
+        tensor = tensor[0]  # HF keeps a batch of one (except where a module flattens it, as OPT's MLP does);
+        # per-head tensors: [1, seq, heads, dim] (Qwen 3's q and k norms)
     return tensor.reshape(tensor.shape[0], -1)  # [tokens, heads, dim] -> [tokens, heads*dim]
 
 

@@ -145,7 +145,7 @@ def compare_traces(reference: Trace, other: Trace) -> pd.DataFrame:
 
 def missing_maps(*traces: Trace) -> list[str]:
     """What an engine without a per-layer map for the model could not capture (its trace holds the logits only)."""
-    return [f"{missing}: compared at the logits only (a map in adapters/tracing/arch_maps.py localises per layer)"
+    return [f"{missing}: compared at the logits only (a per-layer map localises per layer)"
             for missing in dict.fromkeys(t.metadata.get("missing_map", "") for t in traces) if missing]
 
 

@@ -1,0 +1,111 @@
+"""vLLM's architecture maps (0.32, CPU, eager), by config model_type (types: adapters.tracing.arch_maps).
+
+Every tensor is [tokens, width]; linear layers return (output, bias); norms called with a residual return (normed,
+residual), and a decoder layer returns (hidden, residual), summed into the residual stream; q and k are roped in
+place, so they are captured at qkv_proj's output (before rope) and at attn's input (after rope). The logits:
+computed by the adapter from the final norm's rows with the model's own compute_logits (soft cap included), whose
+logits_processor is tapped (vLLM's sampler computes only the last position's, and prompt_logprobs would hold every
+position's logits at once, twice).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from adapters.tracing.arch_maps import ArchMap, tap
+
+QKV = tap("q k v", "self_attn.qkv_proj", split=("q", "kv", "kv"))
+ROPED = tap("q_rope k_rope", "self_attn.attn", "inputs")  # rotary_emb is one module shared by all layers
+GATE_UP = tap("gate up", "mlp.gate_up_proj", split=("ffn", "ffn"))
+LOGITS = tap("logits", "logits_processor")
+
+LLAMA = ArchMap(
+    "vllm-llama", "model.layers",
+    before=(tap("embeddings", "model.embed_tokens"),),
+    per_layer=(
+        tap("input_norm", "input_layernorm"), QKV, ROPED,
+        tap("attn", "self_attn.o_proj", "input"), tap("o_proj", "self_attn.o_proj"),
+        tap("post_norm", "post_attention_layernorm"), GATE_UP, tap("mlp", "mlp"),
+        tap("residual", "", "sum"),
+    ),
+    after=(tap("final_norm", "model.norm"), LOGITS),
+    fused=("q", "k", "v", "gate", "up"),
+)
+
+# Qwen 3: q_norm and k_norm take [tokens, heads, head_dim], between qkv_proj and rope
+QWEN3 = replace(LLAMA, name="vllm-qwen3", per_layer=(
+    *LLAMA.per_layer[:2], tap("q_norm", "self_attn.q_norm"), tap("k_norm", "self_attn.k_norm"), *LLAMA.per_layer[2:]))
+
+OPT = ArchMap(
+    "vllm-opt", "model.decoder.layers",
+    before=(tap("embeddings", "model.decoder.layers.0", "input"),),
+    per_layer=(
+        tap("input_norm", "self_attn_layer_norm"), QKV,
+        tap("attn", "self_attn.out_proj", "input"), tap("o_proj", "self_attn.out_proj"),
+        tap("post_norm", "final_layer_norm"),
+        tap("up", "fc1"), tap("mlp", "fc2"),
+        tap("residual", ""),
+    ),
+    after=(tap("final_norm", "model.decoder.final_layer_norm"), LOGITS),
+    fused=("q", "k", "v"),
+)
+
+# GPT-2: the block adds its own residuals and returns one tensor; learned positions are added before layer 0
+GPT2 = ArchMap(
+    "vllm-gpt2", "transformer.h",
+    before=(tap("embeddings", "transformer.h.0", "input"),),
+    per_layer=(
+        tap("input_norm", "ln_1"), tap("q k v", "attn.c_attn", split=("q", "kv", "kv")),
+        tap("attn", "attn.c_proj", "input"), tap("o_proj", "attn.c_proj"),
+        tap("post_norm", "ln_2"), tap("up", "mlp.c_fc"), tap("mlp", "mlp"),
+        tap("residual", ""),
+    ),
+    after=(tap("final_norm", "transformer.ln_f"), LOGITS),
+    fused=("q", "k", "v"),
+)
+
+# Gemma 2: with a residual, the pre-MLP norm returns (normed, residual) and adds the attention branch into the
+# residual, which the layer returns beside the post-MLP norm's output; embeddings scaled after embed_tokens, so they
+# are taken at layer 0's input norm (as in HF)
+GEMMA2 = ArchMap(
+    "vllm-gemma2", "model.layers",
+    before=(tap("embeddings", "model.layers.0.input_layernorm", "input"),),
+    per_layer=(
+        tap("input_norm", "input_layernorm"), QKV, ROPED,
+        tap("attn", "self_attn.o_proj", "input"), tap("o_proj", "self_attn.o_proj"),
+        tap("attn_post_norm", "post_attention_layernorm"),
+        tap("post_norm", "pre_feedforward_layernorm"), GATE_UP, tap("mlp", "mlp"),
+        tap("ffn_post_norm", "post_feedforward_layernorm"),
+        tap("residual", "", "sum"),
+    ),
+    after=(tap("final_norm", "model.norm"), LOGITS),
+    fused=("q", "k", "v", "gate", "up"),
+)
+
+# Gemma 3 (text): Gemma 2's layout with q_norm and k_norm ([tokens, heads, head_dim]) before rope
+GEMMA3 = replace(GEMMA2, name="vllm-gemma3", per_layer=(
+    *GEMMA2.per_layer[:2], tap("q_norm", "self_attn.q_norm"), tap("k_norm", "self_attn.k_norm"),
+    *GEMMA2.per_layer[2:]))
+
+# GLM-4: Llama's modules plus sandwich norms after attention (post_self_attn_layernorm) and after the MLP
+GLM4 = ArchMap(
+    "vllm-glm4", "model.layers",
+    before=(tap("embeddings", "model.embed_tokens"),),
+    per_layer=(
+        tap("input_norm", "input_layernorm"), QKV, ROPED,
+        tap("attn", "self_attn.o_proj", "input"), tap("o_proj", "self_attn.o_proj"),
+        tap("attn_post_norm", "post_self_attn_layernorm"),
+        tap("post_norm", "post_attention_layernorm"), GATE_UP, tap("mlp", "mlp"),
+        tap("ffn_post_norm", "post_mlp_layernorm"),
+        tap("residual", "", "sum"),
+    ),
+    after=(tap("final_norm", "model.norm"), LOGITS),
+    fused=("q", "k", "v", "gate", "up"),
+)
+
+MAPS = {"llama": LLAMA, "qwen2": LLAMA, "mistral": LLAMA, "qwen3": QWEN3, "opt": OPT, "gpt2": GPT2,
+        "gemma2": GEMMA2, "gemma3_text": GEMMA3, "glm4": GLM4}
+
+# The stand-in for a model type without a map: what the model returns (the hidden states after the final norm) is
+# the final norm the adapter computes every position's logits from with compute_logits
+LOGITS_ONLY = ArchMap("vllm-logits-only", "", before=(), per_layer=(), after=(tap("final_norm", ""), LOGITS))
