@@ -131,7 +131,9 @@ def test_bf16_divergence_is_a_near_tie_and_the_drift_is_located(bf16: ParityRun)
     assert loc["cause"] == "near_tie", loc["verdict"]
     assert "the engines first differ at layer" in loc["verdict"]
     d = loc["divergence"]
-    assert d["engine_token"] == d["ref_top"][1] and d["ref_token"] == d["engine_top"][1]  # the top two swapped
+    # the two tokens are both engines' top two: swapped, or exactly tied in bf16 and the tie broken differently (which
+    # happens depends on the CPU's bf16 kernels: AMX machines tie here)
+    assert {d["engine_token"], d["ref_token"]} == set(d["ref_top"][:2]) == set(d["engine_top"][:2])
 
 
 @pytest.fixture(scope="module")
