@@ -136,8 +136,15 @@ def _one_plus(weight: np.ndarray, h: Hparams) -> np.ndarray:
     return weight + np.float32(1.0)
 
 
+LLAMA_ROPE = (("attn_q.weight", _rope_q), ("attn_k.weight", _rope_kv))
+
 WRITERS = {  # HF model_type -> how llama.cpp's converter writes it
-    "llama": Architecture("LLAMA", hparams, (("attn_q.weight", _rope_q), ("attn_k.weight", _rope_kv))),
+    "llama": Architecture("LLAMA", hparams, LLAMA_ROPE),
+    # mistral: written as a Llama, as llama.cpp's converter does; llama.cpp's llama graph has no sliding window, so a
+    # Mistral whose window is shorter than the sequence attends further than in HF (explain names it)
+    "mistral": Architecture("LLAMA", hparams, LLAMA_ROPE),
+    # qwen2: NEOX rope (no permutation), q/k/v biases (gguf's tensor map names them)
+    "qwen2": Architecture("QWEN2", hparams),
     # gemma3: NEOX rope (llama.cpp rotates the two halves of a head, as HF does): no permutation
     "gemma3_text": Architecture("GEMMA3", gemma3_hparams, (("norm.weight", _one_plus),)),
 }

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +90,13 @@ GGML_GEMMA3 = GraphMap(
     head_layout={},
     by_input={"kqv_out": {"MUL_MAT": "o_proj"}},  # gemma3.cpp leaves the output projection unnamed
 )
-GRAPH_MAPS = {"llama": GGML_LLAMA, "gemma3": GGML_GEMMA3}  # general.architecture of the GGUF -> its graph map
+# src/models/qwen2.cpp: Llama's names, but Qcur, Kcur and Vcur name both the projection (MUL_MAT) and the bias added
+# to it (ADD): q, k and v are the ADD; the output projection is unnamed; NEOX rope, so q and k are in HF's layout
+GGML_QWEN2 = replace(GGML_LLAMA, name="ggml-qwen2", head_layout={}, per_layer={
+    **GGML_LLAMA.per_layer, "Qcur": {"ROPE": "q_rope", "ADD": "q"}, "Kcur": {"ROPE": "k_rope", "ADD": "k"},
+    "Vcur": {"ADD": "v"}}, by_input={"kqv_out": {"MUL_MAT": "o_proj"}})
+# general.architecture of the GGUF -> its graph map
+GRAPH_MAPS = {"llama": GGML_LLAMA, "gemma3": GGML_GEMMA3, "qwen2": GGML_QWEN2}
 
 
 class _Tensor(ctypes.Structure):

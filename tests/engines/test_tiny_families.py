@@ -3,92 +3,37 @@ and vLLM generate the same tokens with logprobs within rounding; vLLM stays insi
 point of the family's map; and a 1% fault planted in an HF copy, at a layer and module the test draws with a seed,
 is named exactly (layer and point). Prompt and generated tokens run past the families' 16-token sliding windows.
 
-phi3 is left without a map on purpose: its explain works from the logits alone and names the missing maps."""
+phi3 is left without a built-in map on purpose: its explain works from the logits alone and names the missing maps
+(tests/engines/test_plugin_arch_map.py adds its map from outside the project)."""
 
 from __future__ import annotations
 
 import json
-import random
+from pathlib import Path
 
 import pandas as pd
 import pytest
+from family_explain import VLLM, expected_points, explain, fault_engine, localisations, planted_fault
 
 from adapters.tracing.arch_maps import arch_map
 from harness.models.tiny import FAMILIES
 
-from helpers import ParityRun, parity, write_scenario
-
 pytestmark = pytest.mark.engines
 
-SCENARIO = """\
-name: tiny-{family}
-model: tiny-{family}
-dtype: float32
-engines:
-  hf: {{engine: hf, reference: true{hf_options}}}
-  vllm: {{engine: vllm{vllm_extra}}}
-{extra_engines}prompts:
-  - "The quick brown fox jumps over the lazy dog while"
-  - {{id: numbers, text: "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,"}}
-params: {{max_new_tokens: 16, ignore_eos: true}}
-expect: {{tokens: exact, max_logprob_delta: 0.0001}}
-"""
-
-FAULT_MODULE = """\
-def plant(model):
-    \"\"\"Scale {path}'s output by 1.01.\"\"\"
-    module = dict(model.named_modules())["{path}"]
-    module.register_forward_hook(lambda _module, _args, out: out * 1.01)
-"""
-
-UNMAPPED_FAMILY = "phi3"  # no per-layer map in either engine: its explain works at the logits
+UNMAPPED_FAMILY = "phi3"
 # HF's sdpa attention skips Gemma 2's attention soft-capping (only its eager attention applies it), so HF runs eager
 # where the family soft-caps, and its sdpa attention is an engine of its own, whose difference explain must find
 HF_OPTIONS = {"gemma2": {"attn_implementation": "eager"}}
 EXTRA_ENGINES = {"gemma2": "  hf-sdpa: {engine: hf, options: {attn_implementation: sdpa}}\n"}
-SEED = 27
-
-
-def planted_fault(family: str) -> tuple[int, str, str]:
-    """(layer, point, module path) of the fault for a family: a per-layer module of HF's map whose output is a
-    capture point, drawn with a seed."""
-    arch = arch_map("hf", FAMILIES[family].model_type)
-    taps = [t for t in arch.per_layer if t.take == "output" and t.module]
-    rng = random.Random(f"{SEED}-{family}")
-    layer, tap = rng.randrange(2), rng.choice(taps)
-    return layer, tap.points[0], f"{arch.layers}.{layer}.{tap.module}"
-
-
-def expected_points(family: str) -> set[str]:
-    """The capture points of HF's map for a 2-layer model of the family, rope derived where the family has it."""
-    arch = arch_map("hf", FAMILIES[family].model_type)
-    per_layer = {p for t in arch.per_layer for p in t.points} | ({"q_rope", "k_rope"} if arch.rope else set())
-    return {"embeddings", "final_norm", "logits"} | {f"layers.{layer}.{p}" for layer in range(2) for p in per_layer}
-
-
-def explain(family: str, tmp_path, extra_engines: str = "", vllm_extra: str = "") -> ParityRun:
-    options = HF_OPTIONS.get(family, {})
-    hf_options = f", options: {json.dumps(options)}" if options else ""
-    scenario = SCENARIO.format(family=family, hf_options=hf_options, vllm_extra=vllm_extra,
-                               extra_engines=extra_engines)
-    run = parity("explain", str(write_scenario(tmp_path / "tiny.yaml", scenario)), "--case", "p0",
-                 out=tmp_path / "reports")
-    assert run.code == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    return run
-
-
-def localisations(run: ParityRun) -> dict[str, dict]:
-    data = json.loads((run.run_dir / "explain" / "localisation.json").read_text())
-    return {loc["engine"]: loc for loc in data["localisations"]}
 
 
 @pytest.mark.parametrize("family", sorted(set(FAMILIES) - {UNMAPPED_FAMILY}))
 def test_family_matches_stays_in_the_floor_and_a_planted_fault_is_named(family: str, tmp_path) -> None:
-    layer, point, path = planted_fault(family)
-    (tmp_path / "tiny_faults.py").write_text(FAULT_MODULE.format(path=path))
-    options = {**HF_OPTIONS.get(family, {}), "patch": "tiny_faults:plant"}
-    run = explain(family, tmp_path, f"  fault: {{engine: hf, options: {json.dumps(options)}, "
-                                    "expect: {tokens: any}}\n" + EXTRA_ENGINES.get(family, ""))
+    arch = arch_map("hf", FAMILIES[family].model_type)
+    layer, point, path = planted_fault(family, arch)
+    options = HF_OPTIONS.get(family, {})
+    run = explain(family, tmp_path, options,
+                  VLLM + fault_engine(tmp_path, path, options) + EXTRA_ENGINES.get(family, ""))
     verdicts = run.verdicts[run.verdicts.engine == "vllm"]
     assert set(verdicts.verdict) == {"match"}, verdicts.explanation.tolist()
     results = run.results
@@ -98,7 +43,7 @@ def test_family_matches_stays_in_the_floor_and_a_planted_fault_is_named(family: 
     points = pd.read_parquet(run.run_dir / "explain" / "points.parquet")
     vllm = points[points.engine == "vllm"]
     assert not vllm.leaves_floor.any(), vllm[vllm.leaves_floor]
-    assert set(vllm.point) == expected_points(family)  # vLLM's map yields every point of HF's
+    assert set(vllm.point) == expected_points(arch)  # vLLM's map yields every point of HF's
     fault = found["fault"]
     assert fault["cause"] == "component", (path, fault["verdict"])
     assert fault["out_of_floor"]["point"] == f"layers.{layer}.{point}", (path, fault["verdict"])
@@ -113,7 +58,7 @@ def test_a_family_without_a_map_matches_is_explained_and_drift_measured_at_the_l
     """phi3 has no per-layer map in either engine: its run matches like the other families', and explain, and the
     drift verdict of that run, work from the logits of each engine's own output; the notes name the missing maps."""
     run = explain(UNMAPPED_FAMILY, tmp_path,
-                  vllm_extra=", drift: {max_mean_kld: 1.0e-6, min_top1_agreement: 1.0}")
+                  engines="  vllm: {engine: vllm, drift: {max_mean_kld: 1.0e-6, min_top1_agreement: 1.0}}\n")
     assert set(run.verdicts.verdict) == {"match"}, run.verdicts.explanation.tolist()
     explain_meta = json.loads((run.run_dir / "explain" / "localisation.json").read_text())
     notes = " ".join(explain_meta["notes"])
@@ -126,3 +71,29 @@ def test_a_family_without_a_map_matches_is_explained_and_drift_measured_at_the_l
     drift = pd.read_parquet(run.run_dir / "drift.parquet")
     assert drift.ok.all() and drift.mean_kld.max() < 1e-6
     assert "no hf architecture map" in (run.run_dir / "explain" / "summary.md").read_text()
+
+
+def test_llama_cpp_matches_qwen2_in_the_floor_and_runs_mistral_without_its_sliding_window(tmp_path) -> None:
+    """GGUF files written here for qwen2 (NEOX rope, q/k/v biases) and mistral (written as a Llama, as llama.cpp's
+    converter does): qwen2 matches HF inside the noise floor at every point of llama.cpp's graph; on mistral
+    llama.cpp attends past the 16-token window HF keeps, and explain names layer 0's attention from the window on."""
+    qwen2 = explain("qwen2", tmp_path / "qwen2", engines="  llama.cpp: {engine: llama.cpp}\n")
+    assert set(qwen2.verdicts.verdict) == {"match"}, qwen2.verdicts.explanation.tolist()
+    found = localisations(qwen2)["llama.cpp"]
+    assert found["cause"] == "none", found["verdict"]
+    points = pd.read_parquet(qwen2.run_dir / "explain" / "points.parquet")
+    assert set(points.point) == expected_points(arch_map("hf", "qwen2"))
+    mistral = explain("mistral", tmp_path / "mistral",
+                      engines="  llama.cpp: {engine: llama.cpp, expect: {tokens: any}}\n")
+    window = mistral_window(mistral)
+    found = localisations(mistral)["llama.cpp"]
+    assert found["cause"] == "component" and found["out_of_floor"]["point"] == "layers.0.attn", found["verdict"]
+    assert "attention kernel" in found["verdict"] and found["out_of_floor"]["first_position"] >= window
+    errors = pd.read_parquet(mistral.run_dir / "explain" / "errors.parquet")
+    attn = errors[(errors.engine == "llama.cpp") & (errors.point == "layers.0.attn")]
+    assert attn[attn.position < window].rel_l2.max() < 1e-5 < attn[attn.position >= window].rel_l2.max()
+
+
+def mistral_window(run) -> int:
+    config = json.loads((Path(run.meta["engines"]["hf"]["model_path"]) / "config.json").read_text())
+    return config["sliding_window"]

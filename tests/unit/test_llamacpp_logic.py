@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from adapters.engines.llamacpp import translate
-from adapters.engines.llamacpp_gguf import gguf_name, hf_layout, hparams, rope_layout
+from adapters.engines.llamacpp_gguf import gguf_name, hf_layout, hparams, rope_layout, writer_for
 from adapters.engines.llamacpp_server import echo_positions
 from adapters.http.client import translate as request_body
 from adapters.http.dialect_check import schema_problems
 from adapters.http.dialects import DIALECTS
 from adapters.http.token_ids import TokenResolver, TokenTable
-from adapters.tracing.ggml_graph import GGML_LLAMA
+from adapters.tracing.ggml_graph import GGML_LLAMA, GGML_QWEN2
 from harness.scenario.vocabulary import SamplingParams
 
 
@@ -111,3 +111,23 @@ def test_translation_warns_where_llama_cpps_sampler_means_something_else() -> No
     sampled = translate(SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=8), last_n_tokens=32)
     assert sampled.native_params["top_p"] == 0.9 and sampled.native_params["min_p"] == 0.0
     assert any("llama.cpp truncates before dividing by the temperature" in w for w in sampled.warnings)
+
+
+@pytest.mark.parametrize("name, op, point", [
+    ("Qcur-0", "MUL_MAT", None), ("Qcur-0", "ADD", "layers.0.q"), ("Qcur-0", "ROPE", "layers.0.q_rope"),
+    ("Kcur-1", "MUL_MAT", None), ("Kcur-1", "ADD", "layers.1.k"), ("Vcur-1", "ADD", "layers.1.v"),
+    ("Vcur-1", "MUL_MAT", None), ("ffn_out-1", "MUL_MAT", "layers.1.mlp"),
+])
+def test_qwen2_graph_takes_q_k_v_after_their_biases(name: str, op: str, point: str | None) -> None:
+    """Qwen 2's graph names the projection and its bias add alike (observed through cb_eval, 0.3.36)."""
+    assert GGML_QWEN2.point(name, op) == point and not GGML_QWEN2.head_layout
+    assert GGML_QWEN2.point("unnamed", "MUL_MAT", ("kqv_out-1",)) == "layers.1.o_proj"  # the output projection
+
+
+def test_gguf_writers_follow_llama_cpps_converter_per_model_type() -> None:
+    qwen2 = writer_for({"model_type": "qwen2"})
+    assert qwen2.gguf_arch == "QWEN2" and not qwen2.transforms  # NEOX rope: nothing permuted
+    assert writer_for({"model_type": "mistral"}) == writer_for({"model_type": "llama"})  # a Llama, window and all
+    assert gguf_name("model.layers.1.self_attn.k_proj.bias", 2, "QWEN2") == "blk.1.attn_k.bias"
+    with pytest.raises(RuntimeError, match="no GGUF writer for model type 'gpt2'"):
+        writer_for({"model_type": "gpt2"})
