@@ -18,6 +18,8 @@ from family_explain import VLLM, expected_points, explain, fault_engine, localis
 from adapters.tracing.arch_maps import arch_map
 from harness.models.tiny import FAMILIES
 
+from helpers import parity, write_scenario
+
 pytestmark = pytest.mark.engines
 
 UNMAPPED_FAMILY = "phi3"
@@ -97,3 +99,27 @@ def test_llama_cpp_matches_qwen2_in_the_floor_and_runs_mistral_without_its_slidi
 def mistral_window(run) -> int:
     config = json.loads((Path(run.meta["engines"]["hf"]["model_path"]) / "config.json").read_text())
     return config["sliding_window"]
+
+
+def test_the_sampler_transplant_works_on_a_family_without_a_map(tmp_path) -> None:
+    """HF's raw logits of the unmapped family, teacher-forced, go through each engine's sampler: every step is
+    compared, none fails for want of a map."""
+    scenario = SCENARIO_SAMPLED.format(family=UNMAPPED_FAMILY)
+    run = parity("transplant", str(write_scenario(tmp_path / "sampled.yaml", scenario)), out=tmp_path / "reports")
+    verdicts = json.loads((run.run_dir / "transplant" / "verdicts.json").read_text())
+    assert [v["engine"] for v in verdicts] == ["vllm"], verdicts
+    assert verdicts[0]["cause"] == "agree", verdicts[0]["verdict"]
+    steps = pd.read_parquet(run.run_dir / "transplant" / "steps.parquet")
+    assert len(steps[steps.engine == "vllm"]) >= 8 and run.code == 0, run.stderr[-2000:]
+
+
+SCENARIO_SAMPLED = """\
+name: tiny-{family}-sampled
+model: tiny-{family}
+dtype: float32
+engines:
+  hf: {{engine: hf, reference: true}}
+  vllm: {{engine: vllm}}
+prompts: ["The quick brown fox jumps over the lazy dog while"]
+params: {{temperature: 0.7, top_k: 20, top_p: 0.9, repetition_penalty: 1.2, max_new_tokens: 8, seed: 1}}
+"""
