@@ -67,6 +67,7 @@ def resume_and_print(run_dir: Path, parallel: int | None) -> RunOutcome:
 
 
 def print_outcome(outcome: RunOutcome) -> RunOutcome:
+    from harness.compare.prompt_verdicts import case_warnings
     from harness.report.summary import exposed_servers, print_drift, print_invariance, print_verdicts
     from harness.run.store import read_meta
 
@@ -79,6 +80,8 @@ def print_outcome(outcome: RunOutcome) -> RunOutcome:
     for name, warnings in outcome.warnings.items():
         for warning in warnings:
             _note("warning", f"{name}: {warning}")
+    for case_id, warnings in case_warnings(outcome.scenario, read_meta(outcome.run_dir).prompt_warnings).items():
+        _note("prompt", f"{case_id}: {'; '.join(warnings)}")
     for name, reason in outcome.skipped.items():
         _note("skipped", f"{name}: {reason}")
     for cases, text in outcome.effective_differences:

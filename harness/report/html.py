@@ -323,6 +323,10 @@ def build(run_dir: Path) -> str:
             f"{_e(meta.status)}, exit code {_e(meta.exit_code)}, reference engine <b>{_e(reference)}</b>, "
             f"model <code>{_e(meta.model)}</code>, wall {meta.wall_s:.1f} s</p>"]
     body += [f"<p class='exposed no'>{_e(note)}</p>" for note in exposed_servers(meta)]
+    if meta.prompt_warnings:
+        body.append("<h2>Prompt identity</h2><ul id='prompt-identity'>" + "".join(
+            f"<li class='no'>prompt <b>{_e(pid)}</b>: {_e('; '.join(ws))}</li>"
+            for pid, ws in meta.prompt_warnings.items()) + "</ul>")
     body.append("<h2>Verdicts</h2>")
     body.append(_verdict_table(verdicts) if not verdicts.empty else "<p>No verdicts (interrupted run).</p>")
     body.append("<h2>Cases</h2>")

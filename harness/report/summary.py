@@ -148,6 +148,9 @@ def write_summary(path: Path, meta: RunMeta, verdicts: pd.DataFrame, drift: pd.D
     if meta.effective_differences:
         lines += ["", "## Effective params that differ (computed by each engine's own code)", ""]
         lines += [f"- cases {', '.join(cases)}: {text}" for cases, text in meta.effective_differences]
+    if meta.prompt_warnings:
+        lines += ["", "## Prompt identity (ids that are not what the model expects)", ""]
+        lines += [f"- prompt {pid}: {'; '.join(ws)}" for pid, ws in meta.prompt_warnings.items()]
     warned = {name: ws for name, ws in meta.warnings.items() if ws}
     if warned:
         lines += ["", "## Engine warnings (params whose meaning differs or that were not applied)", ""]

@@ -21,6 +21,7 @@ from harness.run.executor import EngineOutcome, Progress, run_plans
 from harness.run.journal import still_to_run
 from harness.run.plan import EnginePlan, ModelResolver, engine_plan, plan_resources, select_engines, unavailable_engines
 from harness.run.store import RunMeta, RunSelection, new_run_dir, run_lock, write_meta
+from harness.scenario.prompt_identity import check_prompts
 from harness.scenario.prompts import PromptTokenizer, load_tokenizer, tokenize_prompts
 from harness.scenario.spec import LoadedScenario
 from harness.scenario.vocabulary import SamplingParams
@@ -80,12 +81,14 @@ def runnable(scenario: LoadedScenario, selection: Selection,
     return scenario.with_engines([n for n in names if n not in skipped]), skipped
 
 
-def tokenized(scenario: LoadedScenario) -> tuple[PromptTokenizer, dict[str, list[int]]]:
-    """The reference's tokenizer and every case's prompt token ids (the same ids go to every engine)."""
+def tokenized(scenario: LoadedScenario) -> tuple[PromptTokenizer, dict[str, list[int]], dict[str, list[str]]]:
+    """The reference's tokenizer, every case's prompt token ids (the same ids go to every engine) and what is off
+    about any prompt's ids (harness.scenario.prompt_identity)."""
     spec = scenario.spec
     tokenizer = load_tokenizer(models.resolve(spec.model, spec.engine_dtype(spec.reference), str(scenario.path)))
     prompts = list({c.prompt.id: c.prompt for c in scenario.cases}.values())
-    return tokenizer, tokenize_prompts(tokenizer, prompts, str(scenario.path))
+    ids = tokenize_prompts(tokenizer, prompts, str(scenario.path))
+    return tokenizer, ids, check_prompts(tokenizer, prompts, ids)
 
 
 def execute(scenario: LoadedScenario, out_root: Path, selection: Selection, parallel: int | None,
@@ -106,12 +109,13 @@ def execute_all(scenarios: list[LoadedScenario], out_root: Path, selection: Sele
         ready.append((scenario, skipped, *tokenized(scenario)))
     with ExitStack() as locks:
         pending = []
-        for scenario, skipped, tokenizer, prompt_ids in ready:
+        for scenario, skipped, tokenizer, prompt_ids, prompt_warnings in ready:
             run_dir = new_run_dir(out_root, scenario.name)
             meta = RunMeta(run_id=run_dir.name, scenario=str(scenario.path.resolve()), scenario_name=scenario.name,
                            scenario_text=scenario.path.read_text(), model=scenario.spec.model,
                            reference=scenario.spec.reference, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                           machine=machine_info(), prompt_ids=prompt_ids, skipped=skipped,
+                           machine=machine_info(), prompt_ids=prompt_ids, prompt_warnings=prompt_warnings,
+                           skipped=skipped,
                            selection=RunSelection(engines=list(scenario.spec.engines), cases=selection.cases,
                                                   allow_missing=selection.allow_missing))
             locks.enter_context(run_lock(run_dir))

@@ -15,6 +15,7 @@ import pandas as pd
 from harness import models
 from harness.compare.beams import judge_all
 from harness.compare.ending import as_compared, ended_by
+from harness.compare.prompt_verdicts import mark_verdicts
 from harness.compare.verdicts import judge
 from harness.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARITY
 from harness.report.summary import write_summary
@@ -77,6 +78,7 @@ def finish(run: PendingRun, outcomes: dict[str, EngineOutcome], interrupted: boo
     decode = lambda t: run.tokenizer.decode([t])  # noqa: E731
     judged = judge_samples if spec.sampling else judge
     verdicts = pd.DataFrame() if interrupted and not results else judge_all(judged, scenario, compared, decode)
+    verdicts = mark_verdicts(verdicts, scenario, run.meta.prompt_warnings)
     knob_rows = pd.DataFrame([row.model_dump()
                               for row in invariance_verdicts.judge(scenario, run.checks, results, decode)])
     params = {(n, c.case_id): c.engine_params[n].model_dump_json(exclude_none=True)

@@ -36,7 +36,7 @@ def resume(run_dir: Path, parallel: int | None, progress: Progress,
         scenario = load(Path(meta.scenario), text=meta.scenario_text)
         selection = Selection(engines=meta.selection.engines, cases=meta.selection.cases)
         scenario, _ = runnable(scenario, selection)
-        tokenizer, prompt_ids = tokenized(scenario)
+        tokenizer, prompt_ids, _ = tokenized(scenario)  # the warnings: those the run started with, in its meta
         if prompt_ids != meta.prompt_ids:
             raise ConfigError(f"{run_dir}: the prompts no longer tokenise to the ids the run started with (a prompt "
                               "file or the model's tokenizer changed): run the scenario again")

@@ -73,6 +73,7 @@ class RunMeta(BaseModel):
     finished: str = ""
     machine: dict[str, Any] = Field(default_factory=dict)
     prompt_ids: dict[str, list[int]] = Field(default_factory=dict)
+    prompt_warnings: dict[str, list[str]] = Field(default_factory=dict)  # prompt id -> what is off about its ids
     status: str = "running"  # running | finished | interrupted
     skipped: dict[str, str] = Field(default_factory=dict)  # engine -> why it could not run here (--allow-missing)
     wall_s: float = 0.0

@@ -8,7 +8,9 @@ transformers (7 s to import on a 2-core machine); tests check both give the same
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 
 from harness.errors import ConfigError
@@ -45,6 +47,30 @@ class PromptTokenizer:
         special = {k: self.config.get(k) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
         text = self.template.render(messages=messages, add_generation_prompt=True, **special)
         return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def bos(self) -> tuple[int, str] | None:
+        """The model's BOS token (id, text), from tokenizer_config.json's bos_token; None if it names none."""
+        token = self.config.get("bos_token")
+        token = token.get("content") if isinstance(token, dict) else token
+        token_id = self.tokenizer.token_to_id(token) if token else None
+        return (token_id, token) if token_id is not None else None
+
+    def bos_rule(self) -> str | None:
+        """Where it says the model's prompts start with BOS, or None: tokenizer_config.json's add_bos_token (prepared
+        folders record the GGUF's rule there) or, where that is unset, the tokenizer's own post-processor."""
+        bos = self.bos()
+        if bos is None or self.config.get("add_bos_token") is False:
+            return None
+        if self.config.get("add_bos_token"):
+            return "tokenizer_config.json: add_bos_token true"
+        added = self.tokenizer.encode("a", add_special_tokens=True).ids
+        return "its tokenizer.json adds it" if added[:1] == [bos[0]] else None
+
+    @cached_property
+    def special_pattern(self) -> re.Pattern | None:
+        """Matches the text of any special token (BOS, EOS, chat markers, ...), longest first; None if none."""
+        tokens = {t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special and t.content}
+        return re.compile("|".join(map(re.escape, sorted(tokens, key=len, reverse=True)))) if tokens else None
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)

@@ -27,11 +27,13 @@ class Expectation(Strict):
     """What counts as parity for a case. tokens: exact (identical ids), benign_ties (a divergence is tolerated where
     the engine took the reference's runner-up and the reference's top-2 margin is within tie_margin), any (tokens not
     checked). tie_margin unset: measured from the run, twice the largest chosen-token |delta logprob| the engine
-    pair shows on steps where both chose the same token. max_logprob_delta bounds that delta."""
+    pair shows on steps where both chose the same token. max_logprob_delta bounds that delta. prompt: see below."""
 
     tokens: Literal["exact", "benign_ties", "any"] = "exact"
     max_logprob_delta: float | None = Field(None, gt=0)
     tie_margin: float | None = Field(None, ge=0)
+    prompt: Literal["warn", "strict"] = "warn"  # strict: a prompt whose ids are off (a missing or doubled BOS,
+    # special tokens in its text) fails the case; warn: it is said on the case and in the reports
 
 
 class Timeouts(Strict):
