@@ -44,7 +44,9 @@ def to_result(name: str, request: Request, translation: Translation, body: dict[
     else:
         prompt_ids = request.prompt_ids
         if "input_ids" not in body and ("prompt" not in body or isinstance(body["prompt"], str)):
-            warnings.append("the server does not return prompt token ids: assumed equal to the harness's")
+            how = "its own chat template and BOS rule" if "messages" in body else "its own tokenizer and BOS rule"
+            warnings.append(f"the server does not return prompt token ids: assumed equal to the harness's, though "
+                            f"{how} made them")
     return Result(case_id=request.case_id, engine=name, status="ok", prompt_ids=list(prompt_ids),
                   token_ids=list(token_ids), text=completion.text, finish_reason=completion.finish_reason,
                   chosen_logprobs=[s.logprob for s in steps], top_ids=top_ids, top_logprobs=top_logprobs,

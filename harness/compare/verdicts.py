@@ -127,13 +127,16 @@ def _token(decode: Decode, token: int) -> str:
     return "(end)" if token < 0 else repr(decode(int(token)))
 
 
+PROMPT_IDS_UNKNOWN = "the server does not return prompt token ids"  # adapters.http.answers' warning
+
+
 def _explain(row, ref: Result, other: Result, ref_params, other_params, decode: Decode, tie_margin: float,
              off: dict[tuple[str, str], list[OffTop1]]) -> str:
     if row.verdict == "engine_error":
         failed = [r for r in (ref, other) if r.status != "ok"]
         return "; ".join(f"{r.engine}: {r.error}" for r in failed)
     if not row.prompt_ids_equal:
-        return "prompt token ids differ between engines: a tokenisation or chat-template difference"
+        return prompt_difference(ref, other, decode)
     notes = [f"{r.engine}: {w}" for r in (ref, other) for w in r.warnings if "NOT APPLIED" in w]
     if row.verdict == "match":
         text = f"identical {row.ref_len} tokens"
@@ -155,7 +158,21 @@ def _explain(row, ref: Result, other: Result, ref_params, other_params, decode: 
         picked = _picked_after_logits(row.first_divergence, [ref, other], off, decode)
         if picked:
             text += f"; {picked}"
+        if row.first_divergence == 0 and any(w.startswith(PROMPT_IDS_UNKNOWN) for w in other.warnings):
+            text += (f"; at the first step, on a prompt {other.engine} tokenised itself without returning the ids: "
+                     "most likely a prompt difference (its own chat template or BOS rule), not numerics")
     return "; ".join([text] + notes)
+
+
+def prompt_difference(ref: Result, other: Result, decode: Decode) -> str:
+    """Where two engines' prompt ids part, in words: the cause is the prompt, not numerics or sampling params."""
+    first = next((i for i, (a, b) in enumerate(zip(ref.prompt_ids, other.prompt_ids, strict=False)) if a != b),
+                 min(len(ref.prompt_ids), len(other.prompt_ids)))
+    at = lambda ids: _token(decode, ids[first]) if first < len(ids) else "the end"  # noqa: E731
+    return (f"prompt token ids differ between engines: {ref.engine} {len(ref.prompt_ids)} ids, {other.engine} "
+            f"{len(other.prompt_ids)}, first apart at position {first} ({at(ref.prompt_ids)} vs "
+            f"{at(other.prompt_ids)}): a tokenisation or chat-template difference (an engine's own template or BOS "
+            "rule), not numerics or sampling params")
 
 
 def _temperature(result: Result, cases, key: tuple[str, str]) -> float | None:

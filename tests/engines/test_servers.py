@@ -93,6 +93,14 @@ def test_chat_endpoint_uses_the_servers_template(attached: ParityRun) -> None:
             assert verdicts.loc[(engine, case)].verdict == "match", verdicts.loc[(engine, case)].explanation
         capital = verdicts.loc[(engine, "capital")]  # a text prompt becomes a chat message on this endpoint
         assert capital.verdict == "diverged" and "prompt token ids differ" in capital.explanation
+        assert "first apart at position 0" in capital.explanation and "chat-template" in capital.explanation
+    # a dialect that asks for no prompt ids: the server's own template is named, and the first-step divergence it
+    # causes is read as a prompt difference, not numerics
+    results = attached.results.set_index(["engine", "case_id"])
+    assert any("its own chat template and BOS rule made them" in w
+               for w in results.loc[("as-lmdeploy", "capital")].warnings)
+    capital = verdicts.loc[("as-lmdeploy", "capital")]
+    assert capital.first_divergence == 0 and "most likely a prompt difference" in capital.explanation
 
 
 def test_generic_dialect_maps_token_text_back_and_says_so(attached: ParityRun) -> None:
