@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import numpy as np
@@ -34,6 +35,10 @@ class Options(EngineOptions):
     kv_cache: Literal["f32", "f16"] = "f32"  # KV cache type; f32 keeps attention in f32 (llama.cpp's default: f16)
     flash_attn: bool = False  # llama-cpp-python's default (off)
     last_n_tokens: int = Field(64, ge=0)  # the penalties' window of generated tokens (llama-cpp-python's default)
+    # llama.cpp's extra weight buffers (AMX and repacked layouts of quantised weights, its default: on); auto: off on
+    # a CPU whose build uses AMX, where llama-cpp-python 0.3.36 crashes (SIGSEGV) evaluating a quantised model with
+    # them (measured 2026-11-25 on SmolLM2 q8_0 and q4_k_m and Gemma 3 q4_k_m; f32 and f16 are not repacked)
+    extra_buffers: Literal["auto", "on", "off"] = "auto"
 
     @field_validator("gguf")
     @classmethod
@@ -90,6 +95,33 @@ GENERATE_KWARGS = ("temp", "top_k", "top_p", "min_p", "typical_p", "repeat_penal
                    "presence_penalty")
 
 
+def extra_buffers(llama_cpp: Any, option: str) -> bool:
+    """Whether the model loads with llama.cpp's extra weight buffers (see Options.extra_buffers)."""
+    if option != "auto":
+        return option == "on"
+    return "AMX_INT8 = 1" not in llama_cpp.llama_print_system_info().decode()
+
+
+@contextmanager
+def model_params(llama_cpp: Any, **fields: Any) -> Iterator[None]:
+    """llama_cpp.Llama builds its model params from llama_model_default_params(), with no argument for some fields:
+    set these on top while a model loads."""
+    module = llama_cpp.llama_cpp
+    default = module.llama_model_default_params
+
+    def with_fields() -> Any:
+        params = default()
+        for name, value in fields.items():
+            setattr(params, name, value)
+        return params
+
+    module.llama_model_default_params = with_fields
+    try:
+        yield
+    finally:
+        module.llama_model_default_params = default
+
+
 class Engine:
     def __init__(self, setup: EngineSetup):
         import llama_cpp
@@ -99,11 +131,14 @@ class Engine:
         self.threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
         self.path = gguf_file(setup, self.options)
         self.n_ctx = max(512, -(-(setup.max_context or 512) // 256) * 256)
-        self.llm = llama_cpp.Llama(
-            model_path=self.path, n_ctx=self.n_ctx, n_batch=self.n_ctx, n_ubatch=self.n_ctx, n_threads=self.threads,
-            n_threads_batch=self.threads, logits_all=True, flash_attn=self.options.flash_attn,
-            type_k=GGML_TYPES[self.options.kv_cache], type_v=GGML_TYPES[self.options.kv_cache],
-            last_n_tokens_size=self.options.last_n_tokens, verbose=False)
+        self.extra_buffers = extra_buffers(llama_cpp, self.options.extra_buffers)
+        with model_params(llama_cpp, use_extra_bufts=self.extra_buffers):
+            self.llm = llama_cpp.Llama(
+                model_path=self.path, n_ctx=self.n_ctx, n_batch=self.n_ctx, n_ubatch=self.n_ctx,
+                n_threads=self.threads, n_threads_batch=self.threads, logits_all=True,
+                flash_attn=self.options.flash_attn,
+                type_k=GGML_TYPES[self.options.kv_cache], type_v=GGML_TYPES[self.options.kv_cache],
+                last_n_tokens_size=self.options.last_n_tokens, verbose=False)
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self.workdir = setup.workdir
         self.tracer = None
@@ -117,7 +152,8 @@ class Engine:
         from adapters.http.served import installed_version
 
         return {"llama-cpp-python": installed_version("llama-cpp-python"), "gguf": os.path.basename(self.path),
-                "weights": self._file_type(), "kv_cache": self.options.kv_cache}
+                "weights": self._file_type(), "kv_cache": self.options.kv_cache,
+                "extra_buffers": "on" if self.extra_buffers else "off"}
 
     def _file_type(self) -> str:
         """llama.cpp's own description of the loaded model (architecture, size, weight type)."""

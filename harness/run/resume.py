@@ -33,7 +33,11 @@ def resume(run_dir: Path, parallel: int | None, progress: Progress,
     if meta.selection is None:
         raise ConfigError(f"{run_dir}: this run was written by a version without --resume: run the scenario again")
     with run_lock(run_dir):
-        scenario = load(Path(meta.scenario), text=meta.scenario_text)
+        try:
+            scenario = load(Path(meta.scenario), text=meta.scenario_text)
+        except ConfigError as exc:  # the copy in run.json, not the file it names, is what failed to load
+            raise ConfigError(f"{run_dir / 'run.json'}: scenario_text: the scenario the run started with does not "
+                              f"load ({exc.message}): run the scenario again") from None
         selection = Selection(engines=meta.selection.engines, cases=meta.selection.cases)
         scenario, _ = runnable(scenario, selection)
         tokenizer, prompt_ids, _ = tokenized(scenario)  # the warnings: those the run started with, in its meta
