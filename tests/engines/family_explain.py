@@ -19,7 +19,6 @@ engines:
   hf: {{engine: hf, reference: true{hf_options}}}
 {engines}prompts:
   - "The quick brown fox jumps over the lazy dog while"
-  - {{id: numbers, text: "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,"}}
 params: {{max_new_tokens: 16, ignore_eos: true}}
 expect: {{tokens: exact, max_logprob_delta: 0.0001}}
 """
@@ -61,7 +60,7 @@ VLLM = "  vllm: {engine: vllm}\n"
 
 
 def explain(family: str, folder: Path, hf_options: dict | None = None, engines: str = VLLM) -> ParityRun:
-    """`parity explain` of the family's first prompt against HF (the reference), which must exit 0; `engines`: the
+    """`parity explain` of the family's prompt against HF (the reference), which must exit 0; `engines`: the
     scenario lines of the other engines."""
     options = f", options: {json.dumps(hf_options)}" if hf_options else ""
     folder.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 and vLLM generate the same tokens with logprobs within rounding; vLLM stays inside the noise floor at every capture
 point of the family's map; and a 1% fault planted in an HF copy, at a layer and module the test draws with a seed,
 is named exactly (layer and point). Prompt and generated tokens run past the families' 16-token sliding windows.
+llama.cpp joins qwen2 (inside the floor) and mistral (run without its sliding window, which explain names).
 
 phi3 is left without a built-in map on purpose: its explain works from the logits alone and names the missing maps
 (tests/engines/test_plugin_arch_map.py adds its map from outside the project)."""
@@ -26,7 +27,11 @@ UNMAPPED_FAMILY = "phi3"
 # HF's sdpa attention skips Gemma 2's attention soft-capping (only its eager attention applies it), so HF runs eager
 # where the family soft-caps, and its sdpa attention is an engine of its own, whose difference explain must find
 HF_OPTIONS = {"gemma2": {"attn_implementation": "eager"}}
-EXTRA_ENGINES = {"gemma2": "  hf-sdpa: {engine: hf, options: {attn_implementation: sdpa}}\n"}
+EXTRA_ENGINES = {"gemma2": "  hf-sdpa: {engine: hf, options: {attn_implementation: sdpa}}\n",
+                 # GGUF files written here: qwen2 (NEOX rope, q/k/v biases) and mistral (written as a Llama, as
+                 # llama.cpp's converter does, so llama.cpp attends past the 16-token window HF keeps)
+                 "qwen2": "  llama.cpp: {engine: llama.cpp}\n",
+                 "mistral": "  llama.cpp: {engine: llama.cpp, expect: {tokens: any}}\n"}
 
 
 @pytest.mark.parametrize("family", sorted(set(FAMILIES) - {UNMAPPED_FAMILY}))
@@ -54,6 +59,19 @@ def test_family_matches_stays_in_the_floor_and_a_planted_fault_is_named(family: 
         sdpa = found["hf-sdpa"]
         assert sdpa["cause"] == "component" and sdpa["out_of_floor"]["point"] == "layers.0.attn", sdpa["verdict"]
         assert "attention kernel" in sdpa["verdict"] and sdpa["out_of_floor"]["first_position"] == 1
+    if family == "qwen2":  # llama.cpp inside the floor at every point of its graph
+        assert found["llama.cpp"]["cause"] == "none", found["llama.cpp"]["verdict"]
+        assert set(points[points.engine == "llama.cpp"].point) == expected_points(arch)
+        assert run.verdicts[run.verdicts.engine == "llama.cpp"].verdict.tolist() == ["match"]
+    if family == "mistral":  # llama.cpp ignores the window: layer 0's attention is named from the window on
+        window = json.loads((Path(run.meta["engines"]["hf"]["model_path"]) / "config.json").read_text())[
+            "sliding_window"]
+        cpp = found["llama.cpp"]
+        assert cpp["cause"] == "component" and cpp["out_of_floor"]["point"] == "layers.0.attn", cpp["verdict"]
+        assert "attention kernel" in cpp["verdict"] and cpp["out_of_floor"]["first_position"] >= window
+        errors = pd.read_parquet(run.run_dir / "explain" / "errors.parquet")
+        attn = errors[(errors.engine == "llama.cpp") & (errors.point == "layers.0.attn")]
+        assert attn[attn.position < window].rel_l2.max() < 1e-5 < attn[attn.position >= window].rel_l2.max()
 
 
 def test_a_family_without_a_map_matches_is_explained_and_drift_measured_at_the_logits(tmp_path) -> None:
@@ -73,32 +91,6 @@ def test_a_family_without_a_map_matches_is_explained_and_drift_measured_at_the_l
     drift = pd.read_parquet(run.run_dir / "drift.parquet")
     assert drift.ok.all() and drift.mean_kld.max() < 1e-6
     assert "no hf architecture map" in (run.run_dir / "explain" / "summary.md").read_text()
-
-
-def test_llama_cpp_matches_qwen2_in_the_floor_and_runs_mistral_without_its_sliding_window(tmp_path) -> None:
-    """GGUF files written here for qwen2 (NEOX rope, q/k/v biases) and mistral (written as a Llama, as llama.cpp's
-    converter does): qwen2 matches HF inside the noise floor at every point of llama.cpp's graph; on mistral
-    llama.cpp attends past the 16-token window HF keeps, and explain names layer 0's attention from the window on."""
-    qwen2 = explain("qwen2", tmp_path / "qwen2", engines="  llama.cpp: {engine: llama.cpp}\n")
-    assert set(qwen2.verdicts.verdict) == {"match"}, qwen2.verdicts.explanation.tolist()
-    found = localisations(qwen2)["llama.cpp"]
-    assert found["cause"] == "none", found["verdict"]
-    points = pd.read_parquet(qwen2.run_dir / "explain" / "points.parquet")
-    assert set(points.point) == expected_points(arch_map("hf", "qwen2"))
-    mistral = explain("mistral", tmp_path / "mistral",
-                      engines="  llama.cpp: {engine: llama.cpp, expect: {tokens: any}}\n")
-    window = mistral_window(mistral)
-    found = localisations(mistral)["llama.cpp"]
-    assert found["cause"] == "component" and found["out_of_floor"]["point"] == "layers.0.attn", found["verdict"]
-    assert "attention kernel" in found["verdict"] and found["out_of_floor"]["first_position"] >= window
-    errors = pd.read_parquet(mistral.run_dir / "explain" / "errors.parquet")
-    attn = errors[(errors.engine == "llama.cpp") & (errors.point == "layers.0.attn")]
-    assert attn[attn.position < window].rel_l2.max() < 1e-5 < attn[attn.position >= window].rel_l2.max()
-
-
-def mistral_window(run) -> int:
-    config = json.loads((Path(run.meta["engines"]["hf"]["model_path"]) / "config.json").read_text())
-    return config["sliding_window"]
 
 
 def test_the_sampler_transplant_works_on_a_family_without_a_map(tmp_path) -> None:
