@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -56,9 +57,12 @@ def write_scenario(path: Path, text: str) -> Path:
 
 
 def start_parity_run(scenario: Path, out: Path, *args: str) -> subprocess.Popen:
-    """`parity run` in the background, for tests that kill or interrupt something mid-run."""
+    """`parity run` in the background, for tests that kill or interrupt something mid-run. Its SIGINT disposition is
+    the default whatever this process inherited: a suite started as a background job of a non-interactive shell
+    runs with SIGINT ignored, which a child would inherit and then never see the Ctrl-C these tests send."""
     return subprocess.Popen([sys.executable, "-m", "harness", "run", str(scenario), "--out", str(out), *args],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_for(predicate, timeout: float) -> None:
