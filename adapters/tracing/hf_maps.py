@@ -97,21 +97,11 @@ GEMMA3 = replace(
 
 # GLM-4: sandwich norms (post_self_attn_layernorm, post_mlp_layernorm), gate/up fused in HF's own checkpoint, partial
 # rope (HF's apply_rotary_pos_emb of the glm4 module rotates part of each head, as the model does)
-GLM4 = ArchMap(
-    "hf-glm4", "model.layers",
-    before=(tap("embeddings", "model.embed_tokens"),),
-    per_layer=(
-        tap("input_norm", "input_layernorm"),
-        tap("q", "self_attn.q_proj"), tap("k", "self_attn.k_proj"), tap("v", "self_attn.v_proj"),
-        tap("attn", "self_attn.o_proj", "input"), tap("o_proj", "self_attn.o_proj"),
-        tap("attn_post_norm", "post_self_attn_layernorm"),
-        tap("post_norm", "post_attention_layernorm"),
-        tap("gate up", "mlp.gate_up_proj", split=("ffn", "ffn")), tap("mlp", "mlp"),
-        tap("ffn_post_norm", "post_mlp_layernorm"),
-        tap("residual", ""),
-    ),
-    after=(tap("final_norm", "model.norm"),),
-    rope=DerivedRope("q", "k"),
+GLM4 = replace(
+    LLAMA, name="hf-glm4",
+    per_layer=(*LLAMA.per_layer[:6], tap("attn_post_norm", "post_self_attn_layernorm"),
+               tap("post_norm", "post_attention_layernorm"), tap("gate up", "mlp.gate_up_proj", split=("ffn", "ffn")),
+               tap("mlp", "mlp"), tap("ffn_post_norm", "post_mlp_layernorm"), tap("residual", "")),
     fused=("gate", "up"),
 )
 

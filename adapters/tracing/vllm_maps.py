@@ -88,20 +88,9 @@ GEMMA3 = replace(GEMMA2, name="vllm-gemma3", per_layer=(
     *GEMMA2.per_layer[2:]))
 
 # GLM-4: Llama's modules plus sandwich norms after attention (post_self_attn_layernorm) and after the MLP
-GLM4 = ArchMap(
-    "vllm-glm4", "model.layers",
-    before=(tap("embeddings", "model.embed_tokens"),),
-    per_layer=(
-        tap("input_norm", "input_layernorm"), QKV, ROPED,
-        tap("attn", "self_attn.o_proj", "input"), tap("o_proj", "self_attn.o_proj"),
-        tap("attn_post_norm", "post_self_attn_layernorm"),
-        tap("post_norm", "post_attention_layernorm"), GATE_UP, tap("mlp", "mlp"),
-        tap("ffn_post_norm", "post_mlp_layernorm"),
-        tap("residual", "", "sum"),
-    ),
-    after=(tap("final_norm", "model.norm"), LOGITS),
-    fused=("q", "k", "v", "gate", "up"),
-)
+GLM4 = replace(LLAMA, name="vllm-glm4", per_layer=(
+    *LLAMA.per_layer[:5], tap("attn_post_norm", "post_self_attn_layernorm"), *LLAMA.per_layer[5:8],
+    tap("ffn_post_norm", "post_mlp_layernorm"), LLAMA.per_layer[8]))
 
 MAPS = {"llama": LLAMA, "qwen2": LLAMA, "mistral": LLAMA, "qwen3": QWEN3, "opt": OPT, "gpt2": GPT2,
         "gemma2": GEMMA2, "gemma3_text": GEMMA3, "glm4": GLM4}
