@@ -16,8 +16,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.scenario.vocabulary import GREEDY_IRRELEVANT, REQUEST_KNOBS, SamplingParams
-from harness.types import Request, Result, TraceRequest, TraceResult, Translation
+from harness.core.types import Request, Result, TraceRequest, TraceResult, Translation
+from harness.core.vocabulary import GREEDY_IRRELEVANT, REQUEST_KNOBS, SamplingParams
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -57,7 +57,7 @@ class Capabilities:
     beam_search: bool = False  # honours num_beams with its own search, and its sampling code runs that search
     scores: bool = False  # score(): teacher-forced top-k logprobs of a given sequence, for an engine without traces
     # attached by url, its Engine only speaks HTTP and imports no engine package: the harness runs it in a thread
-    # of its own process (harness.run.worker_thread) instead of a worker process
+    # of its own process (harness.executors.local_thread) instead of a worker process
     http_only_client: bool = False
 
 

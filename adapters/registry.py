@@ -17,8 +17,8 @@ from importlib import metadata
 from typing import Any
 
 from adapters.contract import EngineDescription, EngineOptions, Requirement, import_object
-from harness import PROJECT_ROOT
-from harness.errors import ConfigError, EngineUnavailable
+from harness.core.errors import ConfigError, EngineUnavailable
+from harness.core.paths import PROJECT_ROOT
 
 # name -> the module of each engine that ships with the harness: a command imports only the engines it names (all of
 # them cost 0.1 s and pull in numpy and asyncio); tests/unit/test_registry.py checks each module's DESCRIPTION.name
@@ -88,7 +88,7 @@ def validate_options(name: str, options: dict[str, Any]) -> EngineOptions:
 
 def pinned_version(requirement: Requirement) -> str | None:
     """The version the project pins for the engine's distribution: in its extra, else in its engine environment."""
-    from harness.run.envs import declared
+    from adapters.envs import declared
 
     wanted = requirement.distribution.lower().replace("_", "-")
     pins = _project_pins()

@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 from adapters.http.server_process import ServerProcess, free_port  # noqa: E402
 from harness import models  # noqa: E402
-from harness.run import invariance  # noqa: E402
-from harness.run.execute import plan_engines  # noqa: E402
+from harness.plan import invariance_checks  # noqa: E402
+from harness.plan.requests import plan_engines  # noqa: E402
 from harness.scenario.prompts import load_tokenizer, tokenize_prompts  # noqa: E402
 from harness.scenario.spec import load  # noqa: E402
 
@@ -138,8 +138,8 @@ def main() -> None:
     tokenizer = load_tokenizer(model_path)
     prompt_ids = tokenize_prompts(tokenizer, list({c.prompt.id: c.prompt for c in scenario.cases}.values()))
     with tempfile.TemporaryDirectory() as tmp:
-        plans, _ = invariance.plan(scenario, plan_engines(scenario, Path(tmp), prompt_ids), Path(tmp),
-                                   tokenizer.encode(invariance.SHARED_PREFIX))
+        plans, _ = invariance_checks.plan(scenario, plan_engines(scenario, Path(tmp), prompt_ids), Path(tmp),
+                                   tokenizer.encode(invariance_checks.SHARED_PREFIX))
         started = time.monotonic()
         # exit 1 is this scenario's finding (the vLLM server's repeat is not bitwise identical), not a failure
         timed([sys.executable, "-m", "harness", "run", str(SCENARIO), "--out", str(Path(tmp) / "reports")],

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness import models  # noqa: E402
-from harness.run.worker_process import worker_env  # noqa: E402
+from harness.core.processes import worker_env  # noqa: E402
 from harness.scenario.prompts import load_tokenizer  # noqa: E402
 
 PROMPT = "Once upon a time, in a small village by the sea,"
@@ -51,8 +51,8 @@ def where_time_goes(profile):
 if __name__ == "__main__":
     from adapters.registry import describe
     from harness.scenario.prompts import load_tokenizer
-    from harness.scenario.vocabulary import SamplingParams
-    from harness.types import EngineSetup, Request, TraceRequest
+    from harness.core.vocabulary import SamplingParams
+    from harness.core.types import EngineSetup, Request, TraceRequest
     engine_name, model_path, positions, trace, workdir = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), \\
         sys.argv[4] == "trace", Path(sys.argv[5])
     prompt = load_tokenizer(model_path).encode(sys.argv[6])

@@ -1,6 +1,1 @@
 """llm-parity: differential testing of LLM inference engines."""
-
-from pathlib import Path
-
-# The project checkout: workers and engine environments run from it (a relative `python:` path resolves here).
-PROJECT_ROOT = Path(__file__).resolve().parent.parent

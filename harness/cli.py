@@ -16,8 +16,8 @@ from rich.markup import escape
 from typer._click import exceptions as click_errors  # typer (pinned) vendors click here
 from typer.core import TyperGroup
 
-from harness.errors import EXIT_INTERRUPTED, ConfigError, ParityError
-from harness.report.console import console, err_console
+from harness.core.errors import EXIT_INTERRUPTED, ConfigError, ParityError
+from harness.render.console import console, err_console
 
 # Registered first, so it runs last: by then every file of the command is written and closed, and the objects left
 # (pandas, pyarrow, a run's tables) are handed to the OS instead of being traversed by the interpreter's final
@@ -113,7 +113,7 @@ RayAddress = Annotated[str | None, typer.Option(help="with --executor ray: `auto
 
 def executor_scope(executor: ExecutorKind, ray_address: str | None):
     """The executor a command's engines run on, for the command's duration."""
-    from harness.run.executors import using
+    from harness.executors.choice import using
 
     return using(executor.value, ray_address)
 
@@ -283,7 +283,7 @@ def env_create(name: Annotated[str, typer.Argument(help="environment name (see `
     """Build .venvs/NAME from the requirements pinned in pyproject.toml; scenarios then name its interpreter."""
     import json
 
-    from harness.run import envs
+    from adapters import envs
 
     with console.status(f"{'resolving' if dry_run else 'building'} environment {name}"):
         path, answer = envs.create(name, python, dry_run)
@@ -299,7 +299,7 @@ def env_create(name: Annotated[str, typer.Argument(help="environment name (see `
 @cli_errors
 def env_list() -> None:
     """Declared engine environments and whether they are built."""
-    from harness.run import envs
+    from adapters import envs
 
     for name, spec in envs.declared().items():
         built = envs.interpreter(name)
@@ -314,6 +314,7 @@ def models_prepare(names: Annotated[list[str] | None, typer.Argument(
                    force: Annotated[bool, typer.Option(help="rebuild even if already prepared")] = False) -> None:
     """Convert the bundled models once into the cache (LLM_PARITY_CACHE, default ~/.cache/llm-parity)."""
     from harness import models
+    from harness.commands import prepare_engine_files
 
     for name in names or []:
         if name not in models.MODELS:
@@ -323,7 +324,7 @@ def models_prepare(names: Annotated[list[str] | None, typer.Argument(
         with console.status(f"preparing {name}"):
             path = models.prepare(name, force=force)
         console.print(f"{name}: {'already prepared' if already else 'prepared'} at {path}", highlight=False)
-        for engine, line in models.prepare_for_engines(name):
+        for engine, line in prepare_engine_files(name):
             console.print(f"  {engine}: {line}", highlight=False, markup=False)
     for name, model in models.MODELS.items():
         if not names and model.on_demand and not model.prepared():

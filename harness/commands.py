@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
-from harness.errors import EXIT_INTERRUPTED, ConfigError
-from harness.report.console import EngineProgress, console, print_table
+from harness.core.errors import EXIT_INTERRUPTED, ConfigError
+from harness.render.console import EngineProgress, console, print_table
 from harness.run.execute import Selection, execute_all
 from harness.scenario.spec import LoadedScenario
 
 if TYPE_CHECKING:
-    from harness.run.finish import RunOutcome
+    from harness.run.outcome import RunOutcome
 
 
 def _note(kind: str, text: str) -> None:
@@ -68,15 +68,13 @@ def resume_and_print(run_dir: Path, parallel: int | None) -> RunOutcome:
 
 def print_outcome(outcome: RunOutcome) -> RunOutcome:
     from harness.compare.prompt_verdicts import case_warnings
-    from harness.report.summary import exposed_servers, print_drift, print_invariance, print_verdicts
-    from harness.run.store import read_meta
+    from harness.report.summary import exposed_servers
+    from harness.rundir.store import read_meta
+    from harness.verdicts.family import families
 
-    if not outcome.verdicts.empty:
-        print_verdicts(outcome.verdicts, outcome.scenario.spec.reference)
-    if not outcome.invariance.empty:
-        print_invariance(outcome.invariance)
-    if not outcome.drift.empty:
-        print_drift(outcome.drift)
+    for family in families():
+        if not outcome.rows(family.name).empty:
+            family.print(outcome.rows(family.name), outcome.scenario.spec.reference)
     for name, warnings in outcome.warnings.items():
         for warning in warnings:
             _note("warning", f"{name}: {warning}")
@@ -97,9 +95,9 @@ def print_outcome(outcome: RunOutcome) -> RunOutcome:
 
 def explain_and_print(scenario: LoadedScenario, out: Path, selection: Selection, k: float | None,
                       parallel: int | None) -> int:
-    from harness.explain.beams import explain_beams, explanation_lines, split_cases
+    from harness.explain.beam_runs import explain_beams, explanation_lines, split_cases
+    from harness.explain.localisation_report import localisation_lines
     from harness.explain.orchestrate import choose_cases, explain_run
-    from harness.explain.report import localisation_lines
 
     outcome = run_and_print(scenario, out, selection, parallel)
     if outcome.interrupted:
@@ -140,10 +138,10 @@ def explain_and_print(scenario: LoadedScenario, out: Path, selection: Selection,
 def transplant_and_print(scenario: LoadedScenario, out: Path, selection: Selection) -> int:
     """Only the reference generates; every selected engine's sampling code runs on its logits (an engine whose
     package is missing from its interpreter stops the command, or is skipped with --allow-missing)."""
-    from harness.compare.beams import beam_cases
-    from harness.run.plan import select_engines, unavailable_engines
+    from harness.compare.beam_rules import beam_cases
+    from harness.plan.plans import select_engines, unavailable_engines
     from harness.semantics import effective
-    from harness.semantics.transplant import transplant_run
+    from harness.transplant.sampler_swap import transplant_run
 
     chosen = scenario.with_cases(selection.cases)
     searched = beam_cases(chosen)
@@ -178,7 +176,7 @@ def transplant_and_print(scenario: LoadedScenario, out: Path, selection: Selecti
 
 
 def params_and_print(scenario: LoadedScenario, selection: Selection, all_rows: bool) -> int:
-    from harness.run.plan import select_engines, unavailable_engines
+    from harness.plan.plans import select_engines, unavailable_engines
     from harness.semantics import effective
 
     names = select_engines(scenario, selection.engines, need_reference=False)
@@ -217,7 +215,7 @@ def gate_and_print(scenarios: list[LoadedScenario], baseline: Path, out: Path, s
     for scenario, outcome in zip(scenarios, outcomes, strict=True):
         expected = {(r.engine, r.case_id): (bool(r.expected), r.explanation) for r in outcome.verdicts.itertuples()}
         for r in outcome.drift.itertuples():  # a quantisation drift beyond its thresholds fails the case too
-            if not r.ok:
+            if not r.expected:
                 text = expected.get((r.engine, r.case_id), (True, ""))[1]
                 expected[(r.engine, r.case_id)] = (False, "; ".join(filter(None, [text, r.explanation])))
         tolerances = {name: scenario.spec.engine_expectation(name).max_logprob_delta or DEFAULT_LOGPROB_TOLERANCE
@@ -237,7 +235,7 @@ def gate_and_print(scenarios: list[LoadedScenario], baseline: Path, out: Path, s
 
 def plan_and_print(scenarios: list[LoadedScenario], plan_file: Path, selection: Selection) -> int:
     """`parity run --plan`: the actors of a matrix, their resources and a schedule on the plan file's cluster."""
-    from harness.run.matrix import actors, nodes_of, read_plan_file, schedule
+    from harness.plan.matrix import actors, nodes_of, read_plan_file, schedule
 
     plan = read_plan_file(plan_file)
     nodes = nodes_of(plan)
@@ -290,3 +288,19 @@ def engines_and_print() -> None:
         rows.append([plugin.name, f"no: plugin {plugin.target} did not load: {plugin.error}", "-", "", "", ""])
         styles.append(["", "red", "", "", "", ""])
     print_table("engines", ["engine", "available", "package", "can", "dtypes", "description"], rows, styles)
+
+
+def prepare_engine_files(name: str) -> list[tuple[str, str]]:
+    """The engines' own files for a named model (an engine description's `prepare`, e.g. llama.cpp's GGUF variants),
+    built once from its float32 folder by every engine installed here: (engine, what it built or why not)."""
+    from adapters import registry
+    from harness import models
+
+    out = []
+    for engine, description in registry.descriptions().items():
+        if description.prepare is None:
+            continue
+        missing = registry.check_available(engine, device=False)
+        out.append((engine, f"not built ({missing})" if missing else
+                    description.prepare(models.MODELS[name].folder("float32"))))
+    return out

@@ -36,7 +36,7 @@ class ScenarioFailure(Exception):
 
 class ScenarioFile(pytest.File):
     def collect(self):
-        from harness.errors import ParityError
+        from harness.core.errors import ParityError
         from harness.scenario.spec import load
 
         try:
@@ -68,7 +68,7 @@ class ScenarioItem(pytest.Item):
         self.case_id, self.engine = case_id, engine
 
     def runtest(self) -> None:
-        from harness.errors import ParityError
+        from harness.core.errors import ParityError
 
         try:
             outcome = self.parent.run_once()

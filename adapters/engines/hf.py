@@ -23,9 +23,9 @@ from adapters.contract import (
 )
 from adapters.tracing.arch_maps import ArchMap
 from adapters.tracing.capture import LOGITS_SLICE, Capture, run_traces
-from harness.explain.points import layer_point, parse
-from harness.scenario.vocabulary import SamplingParams
-from harness.types import EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
+from harness.core.points import layer_point, parse
+from harness.core.types import EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
+from harness.core.vocabulary import SamplingParams
 
 
 class Options(InProcessOptions):

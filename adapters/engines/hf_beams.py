@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from harness.types import Beam
+from harness.core.types import Beam
 
 NOT_GENERATE_KWARGS = ("torch_manual_seed",)  # adapter bookkeeping, not a generate() argument
 

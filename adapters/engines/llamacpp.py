@@ -22,8 +22,8 @@ from pydantic import Field, field_validator
 
 from adapters.contract import Capabilities, EngineDescription, EngineOptions, Requirement, SamplingCode, greedy_ignored
 from adapters.engines import llamacpp_gguf
-from harness.scenario.vocabulary import SamplingParams
-from harness.types import EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
+from harness.core.types import EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
+from harness.core.vocabulary import SamplingParams
 
 GGML_TYPES = {"f32": 0, "f16": 1}  # ggml_type of the KV cache
 

@@ -19,7 +19,7 @@ from adapters.engines.llamacpp import Options as LibraryOptions
 from adapters.http.client import RequestFailed
 from adapters.http.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
 from adapters.http.token_ids import TokenResolver
-from harness.types import EngineSetup, Result, TraceRequest
+from harness.core.types import EngineSetup, Result, TraceRequest
 
 DIALECT = "llama-cpp-python"
 SCORE_TOP_K = 5

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from adapters.contract import greedy_ignored
-from harness.scenario.vocabulary import SamplingParams
-from harness.types import Translation
+from harness.core.types import Translation
+from harness.core.vocabulary import SamplingParams
 
 # canonical: an unset param means its canonical neutral value (greedy when temperature is unset, no truncation);
 # engine: only what the scenario set is passed, so lmdeploy's own defaults apply (pipeline: do_sample False,

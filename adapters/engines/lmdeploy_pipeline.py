@@ -22,8 +22,8 @@ from adapters.contract import (
     request_knobs,
 )
 from adapters.engines.lmdeploy_params import Defaults, translate
-from harness.scenario.vocabulary import SamplingParams
-from harness.types import EngineSetup, Request, Result, Translation
+from harness.core.types import EngineSetup, Request, Result, Translation
+from harness.core.vocabulary import SamplingParams
 
 LMDEPLOY_DTYPES = ("bfloat16", "float16")  # its engine config accepts auto/float16/bfloat16 only
 

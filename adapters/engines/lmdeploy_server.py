@@ -16,7 +16,7 @@ from adapters.contract import Capabilities, EngineDescription, Knob, Requirement
 from adapters.engines.lmdeploy_pipeline import LMDEPLOY_DTYPES
 from adapters.engines.openai import attached_knobs
 from adapters.http.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
-from harness.types import EngineSetup
+from harness.core.types import EngineSetup
 
 
 class Options(ServedOptions):

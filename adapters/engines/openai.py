@@ -26,14 +26,14 @@ from adapters.contract import (
     greedy_ignored,
     request_knobs,
 )
-from adapters.http import beams, dialect_check
+from adapters.http import beam_requests, dialect_check
 from adapters.http.answers import to_result
 from adapters.http.client import Client, Completion, RequestFailed, connection_pool, translate
 from adapters.http.dialects import DIALECTS, Dialect
 from adapters.http.token_ids import TokenTable
+from harness.core.types import EngineSetup, Request, Result, Translation
+from harness.core.vocabulary import SamplingParams
 from harness.models.catalog import eos_token_ids
-from harness.scenario.vocabulary import SamplingParams
-from harness.types import EngineSetup, Request, Result, Translation
 
 DialectName = Literal[tuple(DIALECTS)]  # type: ignore[valid-type]
 
@@ -168,7 +168,7 @@ class Engine:
 
     def translate(self, params: SamplingParams, top_logprobs: int) -> Translation:
         if params.num_beams:
-            translation = beams.translate(params, self.dialect, top_logprobs)
+            translation = beam_requests.translate(params, self.dialect, top_logprobs)
         else:
             translation = translate(params, self.dialect, top_logprobs, self.endpoint, self.client_options.defaults)
         translation.warnings[:0] = greedy_ignored(params)
@@ -218,7 +218,7 @@ class Engine:
 
     def _one(self, request: Request) -> Result:
         if request.params.num_beams:
-            return beams.complete(self, request)
+            return beam_requests.complete(self, request)
         translation = self.translate(request.params, request.top_logprobs)
         body = self.client.body(request, translation.native_params, self._prompt(request))
         started = time.perf_counter()

@@ -24,9 +24,9 @@ from adapters.contract import (
     request_knobs,
 )
 from adapters.tracing.capture import LOGITS_SLICE, Capture, run_traces
+from harness.core.types import Beam, EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
+from harness.core.vocabulary import SamplingParams
 from harness.models.catalog import cache_root
-from harness.scenario.vocabulary import SamplingParams
-from harness.types import Beam, EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
 
 
 class Options(InProcessOptions):

@@ -21,8 +21,8 @@ from adapters.engines.vllm_offline import (
 )
 from adapters.engines.vllm_offline import knobs as offline_knobs
 from adapters.http.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
-from harness.scenario.vocabulary import SamplingParams
-from harness.types import EngineSetup, Translation
+from harness.core.types import EngineSetup, Translation
+from harness.core.vocabulary import SamplingParams
 
 
 class Options(ServedOptions):

@@ -8,7 +8,7 @@ from typing import Any
 
 from adapters.http.client import Completion
 from adapters.http.token_ids import TokenResolver, TokenTable
-from harness.types import Request, Result, Translation
+from harness.core.types import Request, Result, Translation
 
 
 def to_result(name: str, request: Request, translation: Translation, body: dict[str, Any], completion: Completion,

@@ -16,8 +16,8 @@ import httpx
 
 from adapters.http.dialects import Dialect
 from adapters.http.token_ids import TOKEN_ID_PREFIX
-from harness.scenario.vocabulary import GREEDY_IRRELEVANT, NEUTRAL, OPENAI_FIELDS, PENALTIES, TRUNCATION, SamplingParams
-from harness.types import Request, Translation
+from harness.core.types import Request, Translation
+from harness.core.vocabulary import GREEDY_IRRELEVANT, NEUTRAL, OPENAI_FIELDS, PENALTIES, TRUNCATION, SamplingParams
 
 
 class RequestFailed(Exception):

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from adapters.http.dialects import Dialect
-from harness.scenario.vocabulary import OPENAI_FIELDS
+from harness.core.vocabulary import OPENAI_FIELDS
 
 
 class DialectMismatch(RuntimeError):

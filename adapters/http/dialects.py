@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.contract import SamplingCode
-from harness.scenario.vocabulary import BEAM, OPENAI_FIELDS, names
+from harness.core.vocabulary import BEAM, OPENAI_FIELDS, names
 
 
 @dataclass(frozen=True)

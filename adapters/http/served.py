@@ -20,7 +20,7 @@ from adapters.engines.openai import AttachOptions, api_base, auth_headers, check
 from adapters.engines.openai import Engine as OpenAIEngine
 from adapters.http.dialects import DIALECTS
 from adapters.http.server_process import ServerProcess, free_port
-from harness.types import EngineSetup
+from harness.core.types import EngineSetup
 
 
 def installed_version(*distributions: str) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from harness.run.lifetime import die_with_parent
+from harness.core.processes import die_with_parent
 
 
 def free_port() -> int:

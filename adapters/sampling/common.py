@@ -77,7 +77,7 @@ def model_settings(model_path: Path) -> dict[str, Any]:
     cover (no_repeat_ngram_size, suppress_tokens, eos_token_id, ...), as written in the file."""
     import json
 
-    from harness.scenario.vocabulary import PARAMS
+    from harness.core.vocabulary import PARAMS
 
     path = Path(model_path) / "generation_config.json"
     if not path.exists():
@@ -89,7 +89,7 @@ def model_settings(model_path: Path) -> dict[str, Any]:
 def settings_table(model_path: Path, applies: Any) -> dict[str, Any]:
     """One Setting per token-changing generation_config.json field: applies(key, value) -> (applied, note), where
     applied is "yes", "no" or "unknown"."""
-    from harness.types import Setting
+    from harness.core.types import Setting
 
     table = {}
     for key, value in model_settings(model_path).items():

@@ -10,8 +10,8 @@ from pathlib import Path
 from adapters.http.client import translate as request_body
 from adapters.http.dialects import DIALECTS
 from adapters.sampling.common import REQUEST, settings_table
-from harness.scenario.vocabulary import OPENAI_FIELDS, SHAPING, SamplingParams
-from harness.types import Effective
+from harness.core.types import Effective
+from harness.core.vocabulary import OPENAI_FIELDS, SHAPING, SamplingParams
 
 NO_TRANSPLANT = "no sampler code to run here: the server's sampler is not installed (parity transplant needs it)"
 SERVER_DECIDES = "the server decides"

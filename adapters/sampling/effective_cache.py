@@ -24,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from harness.scenario.vocabulary import SamplingParams
+from harness.core.vocabulary import SamplingParams
 
 CHILD_TIMEOUT_S = 600  # a sampling-code process that answers nothing in this long is abandoned (a note)
 

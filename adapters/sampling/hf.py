@@ -13,8 +13,8 @@ from typing import Any
 from adapters.engines.hf import translate
 from adapters.engines.hf_beams import effective_fields, oracle_search
 from adapters.sampling.common import DEFAULT, settings_table, source_of
-from harness.scenario.vocabulary import BEAM, BEAM_OPTIONS, GREEDY_IRRELEVANT, SHAPING, SamplingParams
-from harness.types import Effective
+from harness.core.types import Effective
+from harness.core.vocabulary import BEAM, BEAM_OPTIONS, GREEDY_IRRELEVANT, SHAPING, SamplingParams
 
 DISTRIBUTIONS = ("transformers",)
 SOURCES = ("adapters.engines.hf", "adapters.engines.hf_beams")  # modules the answers also depend on (cache key)

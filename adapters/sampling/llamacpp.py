@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from adapters.sampling.common import REQUEST, settings_table
-from harness.scenario.vocabulary import GREEDY_IRRELEVANT, NEUTRAL, SamplingParams
-from harness.types import Effective
+from harness.core.types import Effective
+from harness.core.vocabulary import GREEDY_IRRELEVANT, NEUTRAL, SamplingParams
 
 DISTRIBUTIONS = ("llama-cpp-python",)
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # struct llama_token_data

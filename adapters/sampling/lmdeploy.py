@@ -16,8 +16,8 @@ from adapters.engines.lmdeploy_params import translate
 from adapters.http.client import translate as request_body
 from adapters.http.dialects import DIALECTS
 from adapters.sampling.common import DEFAULT, MODEL_JSON, REQUEST, settings_table
-from harness.scenario.vocabulary import SHAPING, SamplingParams
-from harness.types import Effective
+from harness.core.types import Effective
+from harness.core.vocabulary import SHAPING, SamplingParams
 
 FIELDS = tuple(n for n in SHAPING if n not in ("frequency_penalty", "presence_penalty"))  # lmdeploy has neither
 DISTRIBUTIONS = ("lmdeploy",)

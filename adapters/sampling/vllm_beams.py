@@ -16,8 +16,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from adapters.sampling.common import settings_table
-from harness.scenario.vocabulary import GREEDY_IRRELEVANT, SamplingParams
-from harness.types import Beam, Effective
+from harness.core.types import Beam, Effective
+from harness.core.vocabulary import GREEDY_IRRELEVANT, SamplingParams
 
 # canonical param -> BeamSearchParams field: all vLLM's beam search takes (temperature is 0: the search is greedy)
 CARRIED = {"num_beams": "beam_width", "max_new_tokens": "max_tokens", "ignore_eos": "ignore_eos",
@@ -78,7 +78,7 @@ def vllm_params(params: SamplingParams, mode: str) -> Any:
         return BeamSearchParams(**search_params(params))
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-    from adapters.http.beams import translate as server_translate
+    from adapters.http.beam_requests import translate as server_translate
     from adapters.http.dialects import DIALECTS
 
     body = server_translate(params, DIALECTS["vllm"], 1).native_params

@@ -30,7 +30,7 @@ from typing import Any
 
 from adapters.sampling.common import Recorder
 from adapters.sampling.effective_cache import effective_for
-from harness.scenario.vocabulary import SamplingParams
+from harness.core.vocabulary import SamplingParams
 
 ITEM_OVERRIDES = ("module", "kwargs", "model_path", "dtype")
 

@@ -1,4 +1,4 @@
-"""Forward hooks that capture canonical points (harness.explain.points) from an engine's model during one
+"""Forward hooks that capture canonical points (harness.core.points) from an engine's model during one
 teacher-forced pass and stream them to a TraceWriter. Which module yields which point is an architecture map
 (adapters.tracing.hf_maps, vllm_maps); this file only knows how to hook, split fused outputs and collect rows.
 
@@ -7,7 +7,7 @@ warm-up runs and ordinary generation are not captured. Engines that flatten the 
 engines that keep it ([1, seq, width], HF; per-head tensors [1, heads, seq, dim]) all end up as [positions, width]; a
 point delivered in several chunks (chunked prefill, logits computed in two calls or in slices) is streamed to the
 writer chunk by chunk until it has one row per position (the logits: one per position from the prompt's last,
-see harness.explain.trace_diff.Trace). A point can be muted while the engine computes it for
+see harness.rundir.traces.Trace). A point can be muted while the engine computes it for
 its own purposes (vLLM's sampler computes the last position's logits), and a point can be kept in memory for the
 adapter to compute another from (vLLM's logits, from the final norm's rows, a slice at a time).
 """
@@ -23,8 +23,8 @@ from typing import Any
 
 from adapters.tracing.arch_maps import ArchMap, Tap
 from adapters.tracing.writer import TraceWriter
-from harness.explain.points import layer_point
-from harness.types import TraceRequest, TraceResult
+from harness.core.points import layer_point
+from harness.core.types import TraceRequest, TraceResult
 
 LOGITS_SLICE = 64  # positions whose logits a traced pass computes at once (64 MB at a 262k vocabulary)
 Derive = Callable[[str, Any], list[tuple[str, Any]]]  # (point name, tensor) -> extra points computed from it

@@ -3,7 +3,7 @@
 llama.cpp names the tensors of its compute graph (src/models/<arch>.cpp: `cb(cur, "attn_norm", il)` names a layer's
 tensor `attn_norm-<il>`). The scheduler asks the callback, node by node, whether it wants a tensor (ask=true), and
 hands over each wanted one once computed (ask=false). A graph map says which named tensor, computed by which op, is
-which canonical capture point (harness.explain.points); the same name can label several nodes (Qcur-0 is the
+which canonical capture point (harness.core.points); the same name can label several nodes (Qcur-0 is the
 projection, then its reshape, then its rope), so the op tells them apart and views are never taken.
 
 llama.cpp's GGUF converter permutes the q and k projections of a Llama so that its rope rotates adjacent pairs;
@@ -26,8 +26,8 @@ import numpy as np
 from adapters.engines.llamacpp_gguf import hf_layout
 from adapters.tracing.capture import logits_start, trace_path
 from adapters.tracing.writer import TraceWriter
-from harness.explain.points import layer_point
-from harness.types import TraceRequest, TraceResult
+from harness.core.points import layer_point
+from harness.core.types import TraceRequest, TraceResult
 
 VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"})  # no computation: never a capture point
 GGML_F32, GGML_F16 = 0, 1

@@ -14,10 +14,10 @@ from typing import Any
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from harness.compare.verdicts import COLUMNS, VERDICT_TYPES
-from harness.errors import ConfigError
-from harness.run.store import read_meta, write_atomic
-from harness.run.tables import RESULT_TYPES, STEP_TYPES, read_parquet
+from harness.compare.token_rules import COLUMNS, VERDICT_TYPES
+from harness.core.errors import ConfigError
+from harness.rundir.store import read_meta, write_atomic
+from harness.rundir.tables import RESULT_TYPES, STEP_TYPES, read_parquet
 
 
 def _round(values) -> list[float]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harness.types import Result
+from harness.core.types import Result
 
 PAD = -1
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 
-from harness.scenario.vocabulary import SamplingParams
-from harness.types import Result
+from harness.core.types import Result
+from harness.core.vocabulary import SamplingParams
 
 STOP_REASONS = ("stop", "eos", "end", "stop_token", "eos_token")
 IMPLIED_EOS_WARNING = "EOS implied: the engine stopped on EOS without returning it (finish reason {reason!r})"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.types import Result
+from harness.core.types import Result
 
 TIE = 1e-5  # nats: a chosen token this close to the top logprob was picked by the logits alone
 CERTAIN = 1.0 - 1e-6  # the top token's probability above which emitting another one is a hazard

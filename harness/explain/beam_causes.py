@@ -18,8 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from harness.compare.beams import first_difference
-from harness.types import Beam
+from harness.compare.beam_rules import first_difference
+from harness.core.types import Beam
 
 Cause = Literal["none", "rules", "numerics", "both", "failed"]
 Decode = Callable[[list[int]], str]

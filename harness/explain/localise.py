@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field
 
-from harness.explain.points import COMPONENT, parse
+from harness.core.points import COMPONENT, parse
 
 Decode = Callable[[int], str]
 

@@ -18,17 +18,18 @@ import pandas as pd
 from adapters import registry
 from harness import models
 from harness.compare.own_top1 import TIE
-from harness.errors import ConfigError
+from harness.core.errors import ConfigError
+from harness.core.types import Result, TraceRequest, TraceResult
+from harness.executors.engine_runs import Progress, run_engines
 from harness.explain.localise import Divergence, Localisation, localise
-from harness.explain.trace_diff import Trace, against_floor, compare_traces, first_out, summarize, top2
-from harness.run.executor import Progress, run_engines
-from harness.run.finish import RunOutcome
-from harness.run.plan import engine_plan
-from harness.run.store import write_json
-from harness.run.tables import write_parquet
+from harness.explain.trace_diff import against_floor, compare_traces, first_out, summarize, top2
+from harness.plan.plans import engine_plan
+from harness.run.outcome import RunOutcome
+from harness.rundir.store import write_json
+from harness.rundir.tables import write_parquet
+from harness.rundir.traces import Trace
 from harness.scenario.prompts import load_tokenizer
 from harness.semantics.meaning import explain_differences, param_differences
-from harness.types import Result, TraceRequest, TraceResult
 
 FLOOR_DTYPE = {"float32": "float64", "bfloat16": "float32", "float16": "float32"}
 
@@ -144,7 +145,7 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
             "engines": {n: {"load_s": o.load_s, "versions": o.versions} for n, o in outcomes.items()},
             "notes": notes, "localisations": [loc.model_dump() for loc in localisations]}
     write_json(explain_dir / "localisation.json", meta)
-    from harness.explain.report import write_markdown
+    from harness.explain.localisation_report import write_markdown
 
     write_markdown(explain_dir / "summary.md", scenario.name, run_dir.name, meta, decode)
     return ExplainOutcome(localisations, explain_dir, notes, interrupted)

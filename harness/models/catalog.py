@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.errors import ConfigError
+from harness.core.errors import ConfigError
 from harness.models import tiny
 from harness.models.tiny import TinyFamily
 
@@ -272,21 +272,6 @@ def _build_into(model: NamedModel, target: Path) -> None:
             shutil.rmtree(target)
         os.replace(tmp, target)
         Path(tmp).mkdir()  # TemporaryDirectory expects something to clean up
-
-
-def prepare_for_engines(name: str) -> list[tuple[str, str]]:
-    """The engines' own files for a named model (an engine description's `prepare`, e.g. llama.cpp's GGUF variants),
-    built once from its float32 folder by every engine installed here: (engine, what it built or why not)."""
-    from adapters import registry
-
-    out = []
-    for engine, description in registry.descriptions().items():
-        if description.prepare is None:
-            continue
-        missing = registry.check_available(engine, device=False)
-        out.append((engine, f"not built ({missing})" if missing else
-                    description.prepare(MODELS[name].folder("float32"))))
-    return out
 
 
 def resolve(model: str, dtype: str, origin: str = "scenario") -> Path:

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from harness.compare.gate import GateCase
-from harness.run.store import write_atomic
+from harness.rundir.store import write_atomic
 
 
 def junit_xml(cases: list[GateCase]) -> str:

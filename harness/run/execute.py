@@ -16,20 +16,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness import models
-from harness.run import executors, invariance
-from harness.run.executor import EngineOutcome, Progress, run_plans
-from harness.run.journal import still_to_run
-from harness.run.plan import EnginePlan, ModelResolver, engine_plan, plan_resources, select_engines, unavailable_engines
-from harness.run.store import RunMeta, RunSelection, new_run_dir, run_lock, write_meta
+from harness.core.types import Result
+from harness.executors import choice
+from harness.executors.engine_runs import EngineOutcome, Progress, run_plans
+from harness.plan.plans import plan_resources, select_engines, unavailable_engines
+from harness.plan.requests import all_plans, still_to_run
+from harness.run.outcome import PendingRun
+from harness.rundir.store import RunMeta, RunSelection, new_run_dir, run_lock, write_meta
 from harness.scenario.prompt_identity import check_prompts
 from harness.scenario.prompts import PromptTokenizer, load_tokenizer, tokenize_prompts
 from harness.scenario.spec import LoadedScenario
-from harness.scenario.vocabulary import SamplingParams
 from harness.semantics import effective
-from harness.types import Request, Result
 
 if TYPE_CHECKING:
-    from harness.run.finish import RunOutcome
+    from harness.run.outcome import RunOutcome
 
 
 @dataclass(frozen=True)
@@ -40,29 +40,6 @@ class Selection:
     engines: list[str] | None = None
     cases: list[str] | None = None
     allow_missing: bool = False
-
-
-def plan_engines(scenario: LoadedScenario, run_dir: Path, prompt_ids: dict[str, list[int]],
-                 resolve: ModelResolver = models.resolve) -> list[EnginePlan]:
-    spec = scenario.spec
-    check = spec.sampling
-    return [engine_plan(scenario, name, run_dir, [
-        Request(case_id=c.case_id, prompt_ids=prompt_ids[c.prompt.id],
-                params=_sample_params(c.engine_params[name], check), top_logprobs=spec.top_logprobs,
-                text=c.prompt.text, messages=c.prompt.messages, num_samples=check.samples if check else 1)
-        for c in scenario.cases], resolve=resolve) for name in spec.engines]
-
-
-def all_plans(scenario: LoadedScenario, run_dir: Path, prompt_ids: dict[str, list[int]],
-              tokenizer: PromptTokenizer) -> tuple[list[EnginePlan], list[invariance.Check]]:
-    """Every engine's plan, with the invariance checks' extra requests and engine configurations."""
-    return invariance.plan(scenario, plan_engines(scenario, run_dir, prompt_ids), run_dir,
-                           tokenizer.encode(invariance.SHARED_PREFIX))
-
-
-def _sample_params(params: SamplingParams, check) -> SamplingParams:
-    """For a sampling-parity run only the first `steps` tokens of each sample are drawn."""
-    return params.model_copy(update={"max_new_tokens": check.steps}) if check else params
 
 
 def machine_info() -> dict:
@@ -105,7 +82,7 @@ def execute_all(scenarios: list[LoadedScenario], out_root: Path, selection: Sele
     ready = []
     for scenario in scenarios:
         scenario, skipped = runnable(scenario, selection)
-        executors.current().check({name: plan_resources(scenario, name) for name in scenario.spec.engines})
+        choice.current().check({name: plan_resources(scenario, name) for name in scenario.spec.engines})
         ready.append((scenario, skipped, *tokenized(scenario)))
     with ExitStack() as locks:
         pending = []
@@ -123,20 +100,6 @@ def execute_all(scenarios: list[LoadedScenario], out_root: Path, selection: Sele
             on_start(scenario, run_dir)
             pending.append(pending_run(scenario, run_dir, meta, tokenizer, {}, prepare_started))
         return run_pending(pending, parallel, progress)
-
-
-@dataclass
-class PendingRun:
-    """A run whose directory and plans exist and whose engines have not run yet (or only partly: --resume)."""
-
-    scenario: LoadedScenario
-    run_dir: Path
-    meta: RunMeta
-    tokenizer: PromptTokenizer
-    done: dict[tuple[str, str], Result]  # results already in hand (a resumed run's journals)
-    plans: list[EnginePlan]
-    checks: list[invariance.Check]
-    prepare_started: float
 
 
 def pending_run(scenario: LoadedScenario, run_dir: Path, meta: RunMeta, tokenizer: PromptTokenizer,

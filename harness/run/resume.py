@@ -14,15 +14,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.errors import ConfigError
-from harness.run.execute import Selection, all_plans, pending_run, run_pending, runnable, tokenized
-from harness.run.executor import Progress
-from harness.run.journal import JOURNAL, read_journal, reusable, rewrite_journal
-from harness.run.store import read_meta, run_lock, write_meta
+from harness.core.errors import ConfigError
+from harness.executors.engine_runs import Progress
+from harness.plan.requests import all_plans, reusable
+from harness.run.execute import Selection, pending_run, run_pending, runnable, tokenized
+from harness.rundir.journal import JOURNAL, read_journal, rewrite_journal
+from harness.rundir.store import read_meta, run_lock, write_meta
 from harness.scenario.spec import LoadedScenario, load
 
 if TYPE_CHECKING:
-    from harness.run.finish import RunOutcome
+    from harness.run.outcome import RunOutcome
 
 
 def resume(run_dir: Path, parallel: int | None, progress: Progress,
@@ -48,7 +49,7 @@ def resume(run_dir: Path, parallel: int | None, progress: Progress,
         for plan in all_plans(scenario, run_dir, prompt_ids, tokenizer)[0]:
             journaled, skipped = read_journal(plan.workdir / JOURNAL)
             kept = reusable(plan, journaled)
-            rewrite_journal(plan, kept)
+            rewrite_journal(plan.workdir, kept)
             done.update({(plan.name, case): result for case, result in kept.items()})
             damaged += skipped
         meta = meta.model_copy(update={"status": "running",

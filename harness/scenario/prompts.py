@@ -13,7 +13,7 @@ from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 
-from harness.errors import ConfigError
+from harness.core.errors import ConfigError
 from harness.scenario.spec import PromptSpec
 
 

@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from harness.errors import ConfigError
-from harness.scenario.vocabulary import KNOBS, SamplingParams
+from harness.core.errors import ConfigError
+from harness.core.vocabulary import KNOBS, SamplingParams
 from harness.scenario.yaml_source import YamlSource
 
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -61,7 +61,7 @@ class SamplingCheck(Strict):
 
 class InvarianceSettings(Strict):
     """Invariance checks: each knob runs the scenario's cases under a baseline and a variant configuration of the
-    same engine (harness.run.invariance) and compares them; a negative control (a change that must alter the
+    same engine (harness.plan.invariance_checks) and compares them; a negative control (a change that must alter the
     generation) runs with them. `identical` lists the knobs that must come out bitwise identical (the gate fails
     otherwise); `samples` draws per case where a knob keeps the distribution but not the random stream
     (speculative decoding while sampling)."""
@@ -83,8 +83,8 @@ class InvarianceSettings(Strict):
 
 class DriftSpec(Strict):
     """Quantisation drift verdict of this engine against a full-precision baseline engine, with the measures of
-    llama.cpp's `perplexity --kl-divergence` (harness.compare.drift) over each case's text: the baseline's prompt and
-    generated tokens, teacher-forced through both. Thresholds left unset are reported, not checked."""
+    llama.cpp's `perplexity --kl-divergence` (harness.compare.drift_rules) over each case's text: the baseline's prompt
+    and generated tokens, teacher-forced through both. Thresholds left unset are reported, not checked."""
 
     against: str | None = None  # the baseline engine (default: the reference); both must give full logits
     max_mean_kld: float | None = Field(None, gt=0)

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from harness.errors import ConfigError
+from harness.core.errors import ConfigError
 
 
 class YamlSource:

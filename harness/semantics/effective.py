@@ -11,11 +11,11 @@ from typing import Any
 
 from adapters import registry
 from harness import models
-from harness.errors import ConfigError
+from harness.core.errors import ConfigError
+from harness.core.types import BEAM_EFFECTIVE, COMPARED, Effective
+from harness.core.vocabulary import GREEDY_IRRELEVANT, NEUTRAL, SamplingParams
 from harness.scenario.spec import LoadedScenario
-from harness.scenario.vocabulary import GREEDY_IRRELEVANT, NEUTRAL, SamplingParams
 from harness.semantics.jobs import SamplingJob, SamplingJobFailed
-from harness.types import BEAM_EFFECTIVE, COMPARED, Effective
 
 
 def display(value: Any) -> str:

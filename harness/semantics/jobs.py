@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from adapters.contract import SamplingCode
-from harness import PROJECT_ROOT
-from harness.run.worker_process import worker_env
+from harness.core.paths import PROJECT_ROOT
+from harness.core.processes import worker_env
 
 
 class SamplingJobFailed(Exception):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.scenario.vocabulary import PENALTIES, SamplingParams, meaning
+from harness.core.vocabulary import PENALTIES, SamplingParams, meaning
 
 
 def param_differences(reference: SamplingParams, other: SamplingParams) -> dict[str, tuple]:

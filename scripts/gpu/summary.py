@@ -12,8 +12,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from harness.run.store import read_meta
-from harness.run.tables import read_parquet
+from harness.rundir.store import read_meta
+from harness.rundir.tables import read_parquet
 
 
 def latest(reports: Path, scenario: str) -> Path | None:

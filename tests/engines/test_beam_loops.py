@@ -12,7 +12,7 @@ from adapters.sampling import hf as hf_sampling
 from adapters.sampling import vllm_beams
 from adapters.sampling.oracle import Oracle
 from harness import models
-from harness.scenario.vocabulary import SamplingParams
+from harness.core.vocabulary import SamplingParams
 
 pytestmark = pytest.mark.engines
 

@@ -14,7 +14,7 @@ import pytest
 
 from adapters.engines.vllm_server import Engine as VllmServer
 from harness import models
-from harness.types import EngineSetup
+from harness.core.types import EngineSetup
 
 from helpers import ParityRun, chromium, parity, write_scenario
 

@@ -19,7 +19,7 @@ import pytest
 
 from adapters.engines.vllm_server import Engine as VllmServer
 from harness import models
-from harness.types import EngineSetup
+from harness.core.types import EngineSetup
 
 from fault_proxy import FaultProxy
 from helpers import ParityRun, parity, write_scenario

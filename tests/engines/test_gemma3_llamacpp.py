@@ -94,7 +94,7 @@ def test_llama_cpp_f32_gives_hfs_tokens_with_rounding_drift(explained: ParityRun
         assert list(results.loc[("llama.cpp-f32", case), "token_ids"]) == list(results.loc[("hf", case), "token_ids"])
     drift = pd.read_parquet(explained.run_dir / "drift.parquet").set_index(["engine", "case_id"])
     f32 = drift.loc["llama.cpp-f32"]
-    assert f32.ok.all() and (f32.against == "hf").all() and (f32.top1_agreement == 1.0).all()
+    assert f32.expected.all() and (f32.against == "hf").all() and (f32.top1_agreement == 1.0).all()
     weights = explained.meta["engines"]["llama.cpp-f32"]["versions"]["weights"]
     assert weights.startswith("gemma3 270M") and weights.endswith("all F32")
 
@@ -102,7 +102,7 @@ def test_llama_cpp_f32_gives_hfs_tokens_with_rounding_drift(explained: ParityRun
 def test_the_shipped_q4_k_m_shows_quantisation_drift(explained: ParityRun) -> None:
     drift = pd.read_parquet(explained.run_dir / "drift.parquet").set_index(["engine", "case_id"])
     q4, f32 = drift.loc["llama.cpp-q4_k_m"], drift.loc["llama.cpp-f32"]
-    assert q4.ok.all() and (q4.against == "hf").all()
+    assert q4.expected.all() and (q4.against == "hf").all()
     assert (q4.mean_kld > 100 * f32.mean_kld).all()  # quantisation, orders of magnitude above rounding
     assert "Q4_K - Medium" in explained.meta["engines"]["llama.cpp-q4_k_m"]["versions"]["weights"]
     for (engine, _), located in _localisations(explained).items():

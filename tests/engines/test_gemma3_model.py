@@ -9,7 +9,7 @@ import json
 import pytest
 
 from harness import models
-from harness.errors import EXIT_CONFIG
+from harness.core.errors import EXIT_CONFIG
 from harness.models.catalog import MODELS, gguf_metadata
 from harness.scenario.prompts import load_tokenizer, tokenize_prompts
 from harness.scenario.spec import PromptSpec

@@ -20,8 +20,8 @@ from adapters.engines.llamacpp_server import Engine as LlamaCppServer
 from adapters.http import dialect_check
 from adapters.http.dialects import DIALECTS
 from harness import models
+from harness.core.types import EngineSetup
 from harness.report import html
-from harness.types import EngineSetup
 
 from helpers import SCENARIOS, ParityRun, parity, write_scenario
 
@@ -57,7 +57,7 @@ def test_llama_cpp_f32_and_its_server_match_hf_token_for_token(explained: Parity
 
 def test_quantised_variants_get_drift_verdicts(explained: ParityRun) -> None:
     drift = pd.read_parquet(explained.run_dir / "drift.parquet").set_index("engine")
-    assert set(drift.status) == {"ok"} and drift.ok.all()
+    assert set(drift.status) == {"ok"} and drift.expected.all()
     assert drift.loc["llama.cpp-f32", "against"] == "hf" and drift.loc["llama.cpp-f32", "mean_kld"] < 1e-6
     for engine in ("llama.cpp-q8_0", "llama.cpp-q4_k_m"):
         assert drift.loc[engine, "against"] == "llama.cpp-f32"
@@ -229,7 +229,7 @@ def test_a_drift_beyond_its_threshold_fails_the_run_and_the_gate(tiny, tmp_path:
     run, scenario = tiny
     assert run.code == 1, run.stdout[-3000:]
     drift = pd.read_parquet(run.run_dir / "drift.parquet").set_index("engine").loc["q8"]
-    assert not drift.ok
+    assert not drift.expected
     assert drift.explanation.startswith("quantisation drift beyond the scenario's thresholds (mean KLD")
     assert run.verdicts.set_index("engine").loc["f32", "verdict"] == "match"
     f32 = _localisations(run)["f32"]  # another head layout (GQA 2:1, head_dim 32) un-permuted correctly

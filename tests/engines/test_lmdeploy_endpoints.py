@@ -15,8 +15,8 @@ from adapters.http.client import Completion, parse_payload, translate
 from adapters.http.dialects import DIALECTS
 from adapters.http.token_ids import TokenTable
 from harness import models
-from harness.scenario.vocabulary import SamplingParams
-from harness.types import Request, Translation
+from harness.core.types import Request, Translation
+from harness.core.vocabulary import SamplingParams
 
 from helpers import parity_in_process, write_scenario
 

@@ -13,7 +13,7 @@ from adapters.http.client import translate as request_body
 from adapters.http.dialects import DIALECTS
 from adapters.sampling import lmdeploy as lmdeploy_sampling
 from harness import models
-from harness.scenario.vocabulary import SamplingParams
+from harness.core.vocabulary import SamplingParams
 
 from helpers import SCENARIOS, parity
 

@@ -15,7 +15,7 @@ import pytest
 from adapters.engines.vllm_server import Engine as VllmServer
 from adapters.http.server_process import group_alive
 from harness import models
-from harness.types import EngineSetup
+from harness.core.types import EngineSetup
 
 from helpers import SCENARIOS, ParityRun, journal_lines, parity, start_parity_run, wait_for, write_scenario
 
@@ -259,7 +259,7 @@ params: {{temperature: 0, max_new_tokens: 200, ignore_eos: true}}
 
 
 def test_interrupting_an_attached_client_keeps_results_and_waits_for_no_request(server_url, tmp_path: Path) -> None:
-    """An attached client runs in a thread of the harness (harness.run.worker_thread): Ctrl-C must not wait for the
+    """An attached client runs in a thread of the harness (harness.executors.local_thread): Ctrl-C must not wait for the
     requests still queued or in flight (their threads are daemons), and what finished is kept for --resume."""
     out = tmp_path / "reports"
     proc = start_parity_run(write_scenario(tmp_path / "s.yaml", ATTACHED_LONG.format(url=server_url,

@@ -89,7 +89,7 @@ def test_a_family_without_a_map_matches_is_explained_and_drift_measured_at_the_l
     points = pd.read_parquet(run.run_dir / "explain" / "points.parquet")
     assert set(points.point) == {"logits"} and not points.leaves_floor.any()
     drift = pd.read_parquet(run.run_dir / "drift.parquet")
-    assert drift.ok.all() and drift.mean_kld.max() < 1e-6
+    assert drift.expected.all() and drift.mean_kld.max() < 1e-6
     assert "no hf architecture map" in (run.run_dir / "explain" / "summary.md").read_text()
 
 

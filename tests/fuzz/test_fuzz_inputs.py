@@ -26,12 +26,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.compare.baseline import save as save_baseline
-from harness.compare.verdicts import judge
-from harness.run.journal import read_journal
-from harness.run.store import EngineMeta, RunMeta, RunSelection, write_meta
-from harness.run.tables import results_frame, steps_frame, write_parquet
+from harness.compare.token_rules import judge
+from harness.core.types import Result
+from harness.rundir.journal import read_journal
+from harness.rundir.store import EngineMeta, RunMeta, RunSelection, write_meta
+from harness.rundir.tables import results_frame, steps_frame, write_parquet
 from harness.scenario.spec import load
-from harness.types import Result
 
 from helpers import parity, parity_in_process
 

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from adapters.sampling import dialect
-from harness.scenario.vocabulary import SamplingParams
-from harness.types import Effective
+from harness.core.types import Effective
+from harness.core.vocabulary import SamplingParams
 
 DISTRIBUTIONS = ()
 

@@ -9,7 +9,7 @@ from transformers import GPT2Config, Qwen3Config
 
 from adapters.tracing import hf_maps, vllm_maps
 from adapters.tracing.arch_maps import ArchMap, arch_map, sizes
-from harness.explain.points import LAYER_POINTS
+from harness.core.points import LAYER_POINTS
 
 
 def points(arch: ArchMap) -> set[str]:

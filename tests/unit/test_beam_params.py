@@ -9,13 +9,13 @@ import pytest
 
 from adapters.engines.hf import translate as hf_translate
 from adapters.engines.vllm_offline import translate as vllm_translate
-from adapters.http.beams import translate as server_translate
+from adapters.http.beam_requests import translate as server_translate
 from adapters.http.dialects import DIALECTS, markdown_table
-from harness.errors import ConfigError
-from harness.run.plan import unavailable_engines
+from harness.core.errors import ConfigError
+from harness.core.types import BEAM_EFFECTIVE, COMPARED
+from harness.core.vocabulary import BEAM, BEAM_OPTIONS, GREEDY_IRRELEVANT, Group, SamplingParams, names
+from harness.plan.plans import unavailable_engines
 from harness.scenario.spec import load
-from harness.scenario.vocabulary import BEAM, BEAM_OPTIONS, GREEDY_IRRELEVANT, Group, SamplingParams, names
-from harness.types import BEAM_EFFECTIVE, COMPARED
 
 from helpers import parity_in_process, write_scenario
 
@@ -140,8 +140,8 @@ def test_dialect_table_shows_who_has_beam_search() -> None:
 
 
 def test_params_table_shows_every_beam_setting_of_a_beam_case_and_marks_the_differing_ones() -> None:
+    from harness.core.types import Effective
     from harness.semantics.effective import table_rows
-    from harness.types import Effective
 
     hf = Effective(decoding="beam search", num_beams=4, length_penalty=1.0, early_stopping="false: heuristic",
                    num_return_sequences=4, beam_length="generated", beam_candidates="top num_beams")

@@ -8,12 +8,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.compare.beams import compare_beams, first_difference, judge_all, judge_beams
-from harness.compare.verdicts import judge
+from harness.compare.beam_rules import compare_beams, first_difference, judge_all, judge_beams
+from harness.compare.token_rules import judge
+from harness.core.types import Beam, Result
 from harness.explain.beam_causes import LoopRun, explain_case, first_live_difference, last_alive
-from harness.run.tables import BEAM_COLUMNS, beams_frame
+from harness.rundir.tables import BEAM_COLUMNS, beams_frame
 from harness.scenario.spec import load
-from harness.types import Beam, Result
 
 from helpers import write_scenario
 

@@ -95,10 +95,10 @@ def test_engines_lists_availability_and_capabilities_whole() -> None:
 
 def test_tables_print_whole_cells_when_not_a_terminal(tmp_path: Path) -> None:
     """Through a real pipe: no cell is cut or wrapped, whatever its length."""
-    from harness.report.console import print_table
+    from harness.render.console import print_table
 
     long = "x" * 300
-    code = ("from harness.report.console import print_table; "
+    code = ("from harness.render.console import print_table; "
             f"print_table('t', ['a', 'b'], [['short', '{long}']])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True,
                          env={"COLUMNS": "80", "PATH": ""}).stdout

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from adapters.http.client import Completion, parse_payload, translate
 from adapters.http.dialects import DIALECTS, markdown_table
-from harness.scenario.vocabulary import SamplingParams
+from harness.core.vocabulary import SamplingParams
 
 from helpers import ROOT
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from harness.compare.diff import apply_ties, compare, noise_margin
-from harness.types import Result
+from harness.core.types import Result
 
 
 def result(engine: str, ids: list[int], chosen: list[float], tops: list[list[int]], top_lps: list[list[float]],

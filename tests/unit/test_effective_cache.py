@@ -12,12 +12,12 @@ import pytest
 
 from adapters.contract import SamplingCode
 from adapters.sampling.effective_cache import InBackground, effective_for
-from harness import PROJECT_ROOT
-from harness.scenario.vocabulary import SamplingParams
+from harness.core.paths import PROJECT_ROOT
+from harness.core.vocabulary import SamplingParams
 
 MODULE = "tests.unit.slow_sampling_code"
 ASK = ("from adapters.sampling.effective_cache import effective_for;"
-       "from harness.scenario.vocabulary import SamplingParams;"
+       "from harness.core.vocabulary import SamplingParams;"
        "effective_for('tests.unit.slow_sampling_code', {{}}, '{model}', 'float32', SamplingParams(temperature=0.5))")
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from harness.compare.invariance import InvarianceRow, control_expected, judge_pair, judge_samples
-from harness.run.invariance import _config_name
-from harness.run.invariance_verdicts import _expected
+from harness.compare.invariance_rules import InvarianceRow, control_expected, judge_pair, judge_samples
+from harness.core.types import Result
+from harness.plan.invariance_checks import _config_name
 from harness.scenario.spec import load
-from harness.types import Result
+from harness.verdicts.invariance import _expected
 
 from helpers import write_scenario
 
@@ -84,8 +84,8 @@ invariance: {knobs: [repeat, order], engines: [b], identical: [repeat]}
 
 
 def test_a_baseline_that_repeats_the_comparisons_calls_is_judged_on_its_results(tmp_path: Path) -> None:
-    from harness.run import invariance
-    from harness.run.execute import plan_engines
+    from harness.plan import invariance_checks
+    from harness.plan.requests import plan_engines
 
     scenario = load(write_scenario(tmp_path / "s.yaml", """\
 model: tiny-llama
@@ -97,7 +97,7 @@ params: {temperature: 0, max_new_tokens: 4}
 """))
     ids = {c.prompt.id: [1, 2 + i] for i, c in enumerate(scenario.cases)}
     base = plan_engines(scenario, tmp_path, ids, resolve=lambda *_: tmp_path)
-    plans, checks = invariance.plan(scenario, base, tmp_path, [7, 7, 7], resolve=lambda *_: tmp_path)
+    plans, checks = invariance_checks.plan(scenario, base, tmp_path, [7, 7, 7], resolve=lambda *_: tmp_path)
     sides = {(c.engine, c.knob): c for c in checks if not c.unsupported}
     cases = [r.case_id for r in base[0].requests]
     # repeat, order and the control send the cases in one call, as the comparison does: the comparison's results
@@ -150,8 +150,8 @@ def test_vllm_drops_min_p_under_speculative_decoding_and_says_so() -> None:
 def test_a_knob_side_the_scenario_already_configures_runs_on_the_engines_own_configuration(tmp_path: Path) -> None:
     """vLLM with prefix caching and chunked prefill already off: both knobs' baselines are that configuration, so
     they share the engine's load (and its results) instead of loading the same engine twice more."""
-    from harness.run import invariance
-    from harness.run.execute import plan_engines
+    from harness.plan import invariance_checks
+    from harness.plan.requests import plan_engines
 
     scenario = load(write_scenario(tmp_path / "s.yaml", """\
 model: tiny-llama
@@ -164,7 +164,7 @@ params: {temperature: 0, max_new_tokens: 4}
 """))
     ids = {c.prompt.id: [1, 2 + i] for i, c in enumerate(scenario.cases)}
     base = plan_engines(scenario, tmp_path, ids, resolve=lambda *_: tmp_path)
-    plans, checks = invariance.plan(scenario, base, tmp_path, [7, 7, 7], resolve=lambda *_: tmp_path)
+    plans, checks = invariance_checks.plan(scenario, base, tmp_path, [7, 7, 7], resolve=lambda *_: tmp_path)
     sides = {c.knob: c for c in checks if not c.unsupported}
     assert sides["prefix_cache"].baseline.config == sides["chunked_prefill"].baseline.config == "b"
     assert sides["prefix_cache"].variant.config == "b~prefix_caching=True"

@@ -16,7 +16,7 @@ from adapters.http.dialect_check import schema_problems
 from adapters.http.dialects import DIALECTS
 from adapters.http.token_ids import TokenResolver, TokenTable
 from adapters.tracing.ggml_graph import GGML_LLAMA, GGML_QWEN2
-from harness.scenario.vocabulary import SamplingParams
+from harness.core.vocabulary import SamplingParams
 
 
 def test_rope_layout_pairs_the_two_halves_of_each_head() -> None:

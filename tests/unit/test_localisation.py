@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from harness.core.points import LAYER_POINTS, layer_point, ordered
 from harness.explain.localise import Divergence, localise
-from harness.explain.points import LAYER_POINTS, layer_point, ordered
 from harness.explain.trace_diff import EPS, against_floor, position_metrics
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.run.plan import BATCH, SERVER_BATCH, engine_plan
+from harness.plan.plans import BATCH, SERVER_BATCH, engine_plan
 from harness.scenario.spec import load
 
 from helpers import write_scenario
@@ -31,9 +31,9 @@ def test_servers_get_large_batches_unless_the_scenario_says(tmp_path: Path) -> N
 
 
 def test_a_worker_is_told_each_distinct_params_once_at_load(tmp_path: Path) -> None:
-    from harness.run.executor import _distinct_params
-    from harness.scenario.vocabulary import SamplingParams
-    from harness.types import Request
+    from harness.core.types import Request
+    from harness.core.vocabulary import SamplingParams
+    from harness.executors.engine_runs import _distinct_params
 
     scenario = load(write_scenario(tmp_path / "s.yaml", SCENARIO))
     requests = [Request(case_id=f"c{i}", prompt_ids=[1], params=SamplingParams(temperature=t), top_logprobs=5)
@@ -59,7 +59,7 @@ params: {temperature: 0, max_new_tokens: 4}
 
 
 def test_only_clients_of_servers_the_harness_does_not_start_run_in_its_own_process(tmp_path: Path) -> None:
-    """They only send HTTP requests (harness.run.worker_thread); an engine in-process, a server the harness starts
+    """They only send HTTP requests (harness.executors.local_thread); an engine in-process, a server the harness starts
     (its worker stops it however it ends), a server engine whose client imports its package (vllm-server scores
     beams with vLLM's code) and another interpreter keep a worker process."""
     scenario = load(write_scenario(tmp_path / "s.yaml", PLACES))

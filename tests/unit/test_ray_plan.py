@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import ConfigError
-from harness.run.matrix import Actor, Cost, _cost, actors, nodes_of, read_plan_file, schedule
-from harness.run.resources import GB, ActorResources, engine_resources
+from harness.core.errors import ConfigError
+from harness.plan.matrix import Actor, Cost, _cost, actors, nodes_of, read_plan_file, schedule
+from harness.plan.resources import GB, ActorResources, engine_resources
 from harness.scenario.spec import Resources, load
 
 from helpers import ROOT, parity_in_process, write_scenario

@@ -11,7 +11,7 @@ import pytest
 
 from adapters import registry
 from adapters.contract import EngineDescription
-from harness.errors import ConfigError
+from harness.core.errors import ConfigError
 
 from helpers import ROOT
 

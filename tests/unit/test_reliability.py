@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 
 from adapters.engines.vllm_server import Options as VllmServerOptions
-from harness.errors import ConfigError
+from harness.core.errors import ConfigError
+from harness.core.types import EngineSetup, Request, Result
+from harness.core.vocabulary import SamplingParams
+from harness.plan.plans import EnginePlan
+from harness.plan.requests import reusable, still_to_run
 from harness.report.summary import exposed_servers
-from harness.run.journal import read_journal, reusable, still_to_run
-from harness.run.plan import EnginePlan
-from harness.run.store import EngineMeta, RunMeta, write_meta
+from harness.rundir.journal import read_journal
+from harness.rundir.store import EngineMeta, RunMeta, write_meta
 from harness.scenario.spec import load
-from harness.scenario.vocabulary import SamplingParams
-from harness.types import EngineSetup, Request, Result
 
 from helpers import parity_in_process, write_scenario
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import ConfigError
+from harness.core.errors import ConfigError
 from harness.scenario.spec import load
 
 from helpers import SCENARIOS, write_scenario

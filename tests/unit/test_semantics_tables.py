@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
+from harness.compare.sampling_parity import END, g_test, prefixes
+from harness.core.types import Effective, Setting
 from harness.semantics.effective import describe_differences, differing_fields, table_rows
-from harness.semantics.sampling_parity import END, g_test, prefixes
-from harness.types import Effective, Setting
 
 
 def effective(**kwargs) -> Effective:

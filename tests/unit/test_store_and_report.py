@@ -12,14 +12,14 @@ import pytest
 
 from harness.compare.baseline import save
 from harness.compare.gate import compare_to_baseline
-from harness.compare.verdicts import judge
-from harness.errors import ConfigError
+from harness.compare.token_rules import judge
+from harness.core.errors import ConfigError
+from harness.core.types import Result
 from harness.report.html import build
 from harness.report.summary import write_summary
-from harness.run.store import FORMAT_VERSION, EngineMeta, RunMeta, read_meta, write_meta
-from harness.run.tables import STEP_TYPES, read_parquet, results_frame, steps_frame, write_parquet
+from harness.rundir.store import FORMAT_VERSION, EngineMeta, RunMeta, read_meta, write_meta
+from harness.rundir.tables import STEP_TYPES, read_parquet, results_frame, steps_frame, write_parquet
 from harness.scenario.spec import load
-from harness.types import Result
 
 from helpers import parity_in_process, write_scenario
 
@@ -56,7 +56,7 @@ def run_dir(tmp_path: Path) -> Path:
     write_parquet(run / "steps.parquet", steps_frame(results))
     write_parquet(run / "verdicts.parquet", verdicts)
     write_meta(run, meta)
-    write_summary(run / "summary.md", meta, verdicts)
+    write_summary(run / "summary.md", meta, {"tokens": verdicts})
     return run
 
 

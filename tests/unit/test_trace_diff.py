@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from harness.explain import trace_diff
-from harness.explain.trace_diff import Trace, compare_traces, position_metrics, row_chunks
+from harness.explain.trace_diff import compare_traces, position_metrics
+from harness.rundir import traces
+from harness.rundir.traces import Trace, row_chunks
 
 
 def write_trace(path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> Trace:
@@ -26,7 +27,7 @@ def test_chunked_comparison_equals_whole_tensors(tmp_path, monkeypatch) -> None:
     x = {"layers.0.q": rng.normal(size=(7, 16)), "logits": rng.normal(size=(7, 50))}
     y = {k: v + rng.normal(scale=1e-3, size=v.shape) for k, v in x.items()}
     ref, other = write_trace(tmp_path / "x.safetensors", x), write_trace(tmp_path / "y.safetensors", y)
-    monkeypatch.setattr(trace_diff, "CHUNK_BYTES", 2 * 16 * 8)  # two rows of q at a time
+    monkeypatch.setattr(traces, "CHUNK_BYTES", 2 * 16 * 8)  # two rows of q at a time
     frame = compare_traces(ref, other)
     for point in x:
         whole = position_metrics(ref.rows(point, 0, 7), other.rows(point, 0, 7))

@@ -9,7 +9,7 @@ import torch
 from safetensors.numpy import load_file
 
 from adapters.tracing.writer import TraceWriter
-from harness.explain.trace_diff import Trace
+from harness.rundir.traces import Trace
 
 
 def test_interleaved_chunks_are_written_as_whole_points(tmp_path) -> None:

@@ -10,10 +10,10 @@ import pytest
 
 from harness.compare.ending import as_compared, ended_by
 from harness.compare.own_top1 import off_top1, top_probability
-from harness.compare.verdicts import COLUMNS, Verdict, judge
+from harness.compare.token_rules import COLUMNS, Verdict, judge
+from harness.core.types import Result
+from harness.core.vocabulary import SamplingParams
 from harness.scenario.spec import load
-from harness.scenario.vocabulary import SamplingParams
-from harness.types import Result
 
 from helpers import write_scenario
 

@@ -6,7 +6,8 @@ import pytest
 
 from adapters.contract import greedy_ignored
 from adapters.http.dialects import CANONICAL_PARAMS
-from harness.scenario.vocabulary import (
+from harness.core.types import COMPARED, Effective
+from harness.core.vocabulary import (
     GREEDY_IRRELEVANT,
     NEUTRAL,
     OPENAI_FIELDS,
@@ -17,7 +18,6 @@ from harness.scenario.vocabulary import (
     SamplingParams,
     names,
 )
-from harness.types import COMPARED, Effective
 
 
 def test_every_param_carries_its_info() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.run.worker_process import WorkerGone
-from harness.run.worker_thread import WorkerThread
+from harness.executors.local_process import WorkerGone
+from harness.executors.local_thread import WorkerThread
 
 SETUP = {"name": "client", "model_path": "/nonexistent", "dtype": "float32", "workdir": "/nonexistent"}
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pydantic import Field
 
 from adapters.contract import Capabilities, EngineDescription, EngineOptions, Requirement, SamplingCode, greedy_ignored
-from harness.scenario.vocabulary import PENALTIES, SamplingParams
-from harness.types import EngineSetup, Request, Result, Translation
+from harness.core.types import EngineSetup, Request, Result, Translation
+from harness.core.vocabulary import PENALTIES, SamplingParams
 
 
 class Options(EngineOptions):

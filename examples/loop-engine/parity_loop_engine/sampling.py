@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.scenario.vocabulary import SamplingParams
-from harness.types import Effective
+from harness.core.types import Effective
+from harness.core.vocabulary import SamplingParams
 
 DISTRIBUTIONS = ("transformers",)
 

@@ -1,0 +1,141 @@
+"""Is an engine invariant to how its requests are served? One knob (batching, order, concurrency, prefix cache, chunked
+prefill, speculative decoding, seed, a repeat) runs the same cases under a baseline and a variant configuration of
+the same engine; this module judges the pair. Knows nothing about engines.
+
+Verdicts per knob, over all its cases:
+  identical         token ids, chosen logprobs and top-k lists bitwise equal
+  tokens_identical  token ids equal; the largest chosen-token |delta logprob| is the drift
+  diverged          tokens differ: at the first divergent case and step, a near-tie flip when the baseline's top-2
+                    margin there is within twice the drift seen on the steps both shared (the harness's benign-tie
+                    rule), a real difference otherwise
+  distribution_match / distribution_diverged   sampled knobs whose random stream may change (speculative
+                    decoding): a G-test on the first tokens of many samples
+  unsupported       the engine cannot turn this knob (the reason says engine, version, device)
+  engine_error      a side failed
+A negative control (a change that must make the generation differ) must come out diverged; one that does not means
+the check could not have seen a difference, and fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel
+
+from harness.compare.diff import compare, noise_margin
+from harness.compare.sampling_parity import g_test, prefixes
+from harness.core.types import Result
+
+InvarianceVerdict = Literal["identical", "tokens_identical", "diverged", "distribution_match",
+                            "distribution_diverged", "unsupported", "engine_error"]
+FAILING = {"diverged", "distribution_diverged", "engine_error"}
+
+
+class InvarianceRow(BaseModel):
+    """One row of invariance.parquet."""
+
+    engine: str
+    knob: str
+    baseline: str  # what the baseline configuration is, in words
+    variant: str
+    verdict: InvarianceVerdict
+    control: bool = False  # a negative control: it must come out diverged
+    expected: bool = True
+    first_divergence: int | None = None
+    case_id: str | None = None  # the first divergent case
+    max_abs_logprob_delta: float | None = None
+    cases: int = 0
+    explanation: str = ""
+
+
+def judge_pair(baseline: list[Result], variant: list[Result], decode: Callable[[int], str]) -> dict:
+    """Verdict fields for one knob: baseline[i] and variant[i] are the same case."""
+    failed = [r for r in (*baseline, *variant) if r.status != "ok"]
+    if failed:
+        return {"verdict": "engine_error", "case_id": failed[0].case_id, "cases": len(baseline),
+                "explanation": f"{failed[0].case_id}: {failed[0].error}"}
+    verdict = _judge_tokens(baseline, variant, decode)
+    return {**verdict, "explanation": verdict["explanation"] + _variant_warnings(baseline, variant)}
+
+
+def _variant_warnings(baseline: list[Result], variant: list[Result]) -> str:
+    """The warnings only the variant's results carry (a param its configuration drops, say): a likely cause."""
+    extra = sorted({w for r in variant for w in r.warnings} - {w for r in baseline for w in r.warnings})
+    return f"; only the variant warns: {'; '.join(extra)}" if extra else ""
+
+
+def _judge_tokens(baseline: list[Result], variant: list[Result], decode: Callable[[int], str]) -> dict:
+    frame = compare(baseline, variant)
+    drift = float(np.nanmax(frame["max_abs_logprob_delta"].to_numpy(dtype=float), initial=0.0))
+    drift = 0.0 if np.isnan(drift) else drift
+    common = {"cases": len(baseline), "max_abs_logprob_delta": drift}
+    diverged = frame[frame["verdict"] == "diverged"]
+    if diverged.empty:
+        if all(_bitwise_equal(a, b) for a, b in zip(baseline, variant, strict=True)):
+            return {**common, "verdict": "identical",
+                    "explanation": f"token ids, logprobs and top-k lists bitwise equal on {len(baseline)} case(s)"}
+        return {**common, "verdict": "tokens_identical",
+                "explanation": f"token ids equal on {len(baseline)} case(s); logprobs drift by up to {drift:.3g}"}
+    row = diverged.sort_values("first_divergence").iloc[0]
+    step = int(row["first_divergence"])
+    case = next(r for r in baseline if r.case_id == row["case_id"])
+    gap = _gap(case, step, int(row["engine_token"]))
+    tie = 2.0 * drift if drift else noise_margin(frame)
+    near_tie = gap is not None and 0.0 <= gap <= tie
+    if gap is None:
+        where = "the variant's token is not in the baseline's top-k there"
+    elif gap < 0:
+        where = f"the baseline ranks the variant's token {-gap:.3g} nats above the token it drew (a sampled draw)"
+    else:
+        where = f"the baseline ranks the variant's token {gap:.3g} nats below its own"
+    reason = (f"a near-tie flip: {where}, within twice the drift seen on shared steps ({tie:.3g})" if near_tie else
+              f"a real difference: {where}, beyond the drift seen on shared steps ({drift:.3g})")
+    return {**common, "verdict": "diverged", "first_divergence": step, "case_id": row["case_id"],
+            "explanation": (f"{len(diverged)} of {len(baseline)} case(s) diverge; first {row['case_id']} at step "
+                            f"{step}: baseline {_token(decode, row['ref_token'])}, variant "
+                            f"{_token(decode, row['engine_token'])}: {reason}")}
+
+
+def judge_samples(baseline: list[Result], variant: list[Result], steps: int, alpha: float) -> dict:
+    """For knobs that change the random stream but must keep the distribution: a G-test per case on the first
+    `steps` tokens of the samples, Bonferroni over cases."""
+    failed = [r for r in (*baseline, *variant) if r.status != "ok" or not r.samples]
+    if failed:
+        return {"verdict": "engine_error", "case_id": failed[0].case_id, "cases": len(baseline),
+                "explanation": f"{failed[0].case_id}: {failed[0].error or 'no samples'}"}
+    threshold = alpha / len(baseline)
+    tests = [(a.case_id, g_test(prefixes(a.samples, steps), prefixes(b.samples, steps)))
+             for a, b in zip(baseline, variant, strict=True)]
+    worst_case, worst = min(tests, key=lambda t: t[1]["p"])
+    counts = f"{len(baseline[0].samples)} vs {len(variant[0].samples)} samples per case"
+    verdict = "distribution_diverged" if worst["p"] < threshold else "distribution_match"
+    return {"verdict": verdict, "cases": len(baseline), "case_id": worst_case,
+            "explanation": (f"G-test on the first {steps} token(s), {counts}: smallest p={worst['p']:.3g} "
+                            f"({worst_case}; threshold {threshold:.3g} = alpha {alpha:g} / {len(baseline)} cases)"
+                            + _variant_warnings(baseline, variant))}
+
+
+def _gap(baseline: Result, step: int, token: int) -> float | None:
+    """How far below the token it chose the baseline ranked the token the variant chose at this step (None: not in
+    its top-k). An exact tie is a gap of 0 whichever token the variant took; a negative gap means the baseline drew a
+    lower-ranked token (sampling), which is never a near-tie flip."""
+    if step >= len(baseline.top_ids) or token not in baseline.top_ids[step]:
+        return None
+    values = baseline.top_logprobs[step]
+    return float(baseline.chosen_logprobs[step] - values[baseline.top_ids[step].index(token)])
+
+
+def control_expected(verdict: str) -> bool:
+    """A negative control passes only if it saw the difference it was built to cause."""
+    return verdict in ("diverged", "distribution_diverged")
+
+
+def _bitwise_equal(a: Result, b: Result) -> bool:
+    return (a.token_ids == b.token_ids and a.chosen_logprobs == b.chosen_logprobs and a.top_ids == b.top_ids
+            and a.top_logprobs == b.top_logprobs)
+
+
+def _token(decode: Callable[[int], str], token) -> str:
+    return "(end)" if token is None or int(token) < 0 else repr(decode(int(token)))

@@ -1,0 +1,227 @@
+"""Turn engine results into a verdict table: diff vs the reference, expectation check, and plain-words reasons."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict
+
+from harness.compare.diff import apply_ties, compare, error_rows, noise_margin
+from harness.compare.own_top1 import OffTop1, off_top1
+from harness.core.types import Effective, Result
+from harness.core.vocabulary import NEUTRAL, PENALTIES, SamplingParams
+from harness.scenario.spec import LoadedScenario
+from harness.semantics.effective import describe_differences, differing_fields
+from harness.semantics.meaning import explain_differences, param_differences
+
+Decode = Callable[[int], str]
+VerdictName = Literal["match", "benign_tie", "diverged", "hazard", "engine_error"]
+
+
+class Verdict(BaseModel):
+    """One row of verdicts.parquet: one case, one engine, against the reference."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    case_id: str
+    engine: str
+    reference: str
+    verdict: VerdictName
+    expected: bool
+    first_divergence: int | None = None  # -1: no divergence
+    ref_len: int | None = None
+    engine_len: int | None = None
+    max_abs_logprob_delta: float | None = None
+    mean_abs_logprob_delta: float | None = None
+    ref_token: int | None = None
+    engine_token: int | None = None
+    ref_top2_margin: float | None = None
+    engine_token_in_ref_topk: bool | None = None
+    ref_token_in_engine_topk: bool | None = None
+    # beam-search cases (harness.compare.beam_rules): first_divergence is the best beams', max_abs_logprob_delta the
+    # largest cumulative-logprob |delta| of the beams both returned
+    best_beam_identical: bool | None = None
+    beam_set_identical: bool | None = None
+    beam_scores_within: bool | None = None
+    max_beam_score_delta: float | None = None
+    beams_compared: int | None = None
+    explanation: str = ""
+
+
+COLUMNS = list(Verdict.model_fields)
+# verdicts.parquet's columns and the kind of value each holds (harness.rundir.tables.read_parquet checks them); the
+# optional numbers are stored as floats, NaN where unset
+VERDICT_TYPES = {"case_id": "str", "engine": "str", "reference": "str", "verdict": "str", "expected": "bool",
+                 **{name: "float?" for name in COLUMNS[5:13]}, "engine_token_in_ref_topk": "bool?",
+                 "ref_token_in_engine_topk": "bool?", "explanation": "str"}
+
+
+def _result_or_missing(results: dict[tuple[str, str], Result], engine: str, case_id: str) -> Result:
+    return results.get((engine, case_id)) or Result.engine_error(case_id, engine, "not run: the run was interrupted")
+
+
+def judge(scenario: LoadedScenario, results: dict[tuple[str, str], Result], decode: Decode) -> pd.DataFrame:
+    spec, ref_name = scenario.spec, scenario.spec.reference
+    off = {key: off_top1(r, _temperature(r, scenario.cases, key)) for key, r in results.items() if r.status == "ok"}
+    frames = []
+    for engine in spec.engines:
+        if engine == ref_name:
+            continue
+        refs = [_result_or_missing(results, ref_name, c.case_id) for c in scenario.cases]
+        others = [_result_or_missing(results, engine, c.case_id) for c in scenario.cases]
+        ok = np.array([r.status == "ok" and o.status == "ok" for r, o in zip(refs, others, strict=False)], dtype=bool)
+        expectation = spec.engine_expectation(engine)
+        parts = []
+        tie_margin = expectation.tie_margin or 0.0
+        if ok.any():
+            pick = np.flatnonzero(ok)
+            compared = compare([refs[i] for i in pick], [others[i] for i in pick])
+            if expectation.tie_margin is None:
+                tie_margin = noise_margin(compared)
+            parts.append(apply_ties(compared, tie_margin))
+        if (~ok).any():
+            pick = np.flatnonzero(~ok)
+            parts.append(error_rows([refs[i] for i in pick], [others[i] for i in pick]))
+        frame = pd.concat(parts, ignore_index=True).set_index("case_id").loc[[c.case_id for c in scenario.cases]]
+        frame = frame.reset_index()
+        frame["reference"] = ref_name
+        hazards = [_hazard(refs[i], others[i], off, case, decode)
+                   for i, case in enumerate(scenario.cases)]
+        frame.loc[[bool(h) for h in hazards], "verdict"] = "hazard"
+        frame["expected"] = _expected(frame, expectation)
+        frame["explanation"] = [
+            hazard or _explain(row, refs[i], others[i], case.engine_params[ref_name], case.engine_params[engine],
+                               decode, tie_margin, off)
+            for i, (case, row, hazard) in enumerate(zip(scenario.cases, frame.itertuples(), hazards, strict=True))]
+        frames.append(frame)
+    if not frames:  # only the reference ran (parity transplant): nothing to compare
+        return pd.DataFrame(columns=COLUMNS)
+    table = pd.concat(frames, ignore_index=True)
+    return table.reindex(columns=COLUMNS)
+
+
+def _expected(frame: pd.DataFrame, expectation) -> pd.Series:
+    allowed = {"exact": {"match"}, "benign_ties": {"match", "benign_tie"},
+               "any": {"match", "benign_tie", "diverged"}}[expectation.tokens]  # a hazard is never expected
+    ok = frame["verdict"].isin(allowed)
+    if expectation.max_logprob_delta is not None and "max_abs_logprob_delta" in frame:
+        ok &= ~(frame["max_abs_logprob_delta"] > expectation.max_logprob_delta)
+    return ok
+
+
+def effective_note(ref: Result, other: Result, already_given: set[str]) -> str:
+    """The effective params (each engine's own code) that differ between the two engines beyond the params they
+    were given differently, if both are known: generation_config.json defaults, clamps, greedy rewrites."""
+    if not ref.effective.get("decoding") or not other.effective.get("decoding"):
+        return ""
+    by_engine = {ref.engine: Effective.model_validate(ref.effective),
+                 other.engine: Effective.model_validate(other.effective)}
+    differences = describe_differences(by_engine, [f for f in differing_fields(by_engine) if f not in already_given])
+    return f"the engines' own code applies different effective params ({differences})" if differences else ""
+
+
+def _token(decode: Decode, token: int) -> str:
+    return "(end)" if token < 0 else repr(decode(int(token)))
+
+
+PROMPT_IDS_UNKNOWN = "the server does not return prompt token ids"  # adapters.http.answers' warning
+
+
+def _explain(row, ref: Result, other: Result, ref_params, other_params, decode: Decode, tie_margin: float,
+             off: dict[tuple[str, str], list[OffTop1]]) -> str:
+    if row.verdict == "engine_error":
+        failed = [r for r in (ref, other) if r.status != "ok"]
+        return "; ".join(f"{r.engine}: {r.error}" for r in failed)
+    if not row.prompt_ids_equal:
+        return prompt_difference(ref, other, decode)
+    notes = [f"{r.engine}: {w}" for r in (ref, other) for w in r.warnings if "NOT APPLIED" in w]
+    if row.verdict == "match":
+        text = f"identical {row.ref_len} tokens"
+    elif row.verdict == "benign_tie":
+        text = (f"diverged at step {row.first_divergence} on a near-tie: reference top-2 margin "
+                f"{row.ref_top2_margin:.3g} <= tie margin {tie_margin:.3g} nats; each side's token is in the other's "
+                "top-k")
+    else:
+        text = (f"diverged at step {row.first_divergence}: reference chose {_token(decode, row.ref_token)} "
+                f"(top-2 margin {row.ref_top2_margin:.3g}), {other.engine} chose {_token(decode, row.engine_token)} "
+                f"({'in' if row.engine_token_in_ref_topk else 'not in'} the reference's top-k)")
+        given = param_differences(ref_params, other_params)
+        cause = explain_differences(given)
+        if cause:
+            text += f"; {cause}"
+        engine_side = effective_note(ref, other, set(given))
+        if engine_side:
+            text += f"; {engine_side}"
+        picked = _picked_after_logits(row.first_divergence, [ref, other], off, decode)
+        if picked:
+            text += f"; {picked}"
+        if row.first_divergence == 0 and any(w.startswith(PROMPT_IDS_UNKNOWN) for w in other.warnings):
+            text += (f"; at the first step, on a prompt {other.engine} tokenised itself without returning the ids: "
+                     "most likely a prompt difference (its own chat template or BOS rule), not numerics")
+    return "; ".join([text] + notes)
+
+
+def prompt_difference(ref: Result, other: Result, decode: Decode) -> str:
+    """Where two engines' prompt ids part, in words: the cause is the prompt, not numerics or sampling params."""
+    first = next((i for i, (a, b) in enumerate(zip(ref.prompt_ids, other.prompt_ids, strict=False)) if a != b),
+                 min(len(ref.prompt_ids), len(other.prompt_ids)))
+    at = lambda ids: _token(decode, ids[first]) if first < len(ids) else "the end"  # noqa: E731
+    return (f"prompt token ids differ between engines: {ref.engine} {len(ref.prompt_ids)} ids, {other.engine} "
+            f"{len(other.prompt_ids)}, first apart at position {first} ({at(ref.prompt_ids)} vs "
+            f"{at(other.prompt_ids)}): a tokenisation or chat-template difference (an engine's own template or BOS "
+            "rule), not numerics or sampling params")
+
+
+def _temperature(result: Result, cases, key: tuple[str, str]) -> float | None:
+    """The temperature the engine sampled at (None: greedy): its effective params where known, else its
+    canonical params."""
+    params = next(c.engine_params[key[0]] for c in cases if c.case_id == key[1])
+    decoding = result.effective.get("decoding")
+    if decoding == "greedy" or (not decoding and params.greedy):
+        return None
+    return result.effective.get("temperature") or params.temperature or 1.0
+
+
+def _penalised(result: Result, params: SamplingParams) -> bool:
+    """Whether a penalty changes the logits after the reported raw logprobs (canonical or effective params)."""
+    return any(value not in (None, NEUTRAL[n]) for n in PENALTIES
+               for value in (getattr(params, n), result.effective.get(n)))
+
+
+def _hazard(ref: Result, other: Result, off: dict[tuple[str, str], list[OffTop1]], case, decode: Decode) -> str:
+    """`hazard: silent wrong token` when either engine, sampling without penalties, emitted a token its own
+    distribution after temperature all but excluded (harness.compare.own_top1). '' when none did."""
+    for result in (other, ref):
+        if result.status != "ok" or _penalised(result, case.engine_params[result.engine]):
+            continue
+        temperature = _temperature(result, [case], (result.engine, case.case_id))
+        found = [f for f in off.get((result.engine, case.case_id), []) if f.certain and temperature is not None]
+        if found:
+            f = found[0]
+            return (f"hazard: silent wrong token: at step {f.step} {result.engine}'s own raw logprobs put "
+                    f"{decode(f.top1)!r} first, with probability {f.top_probability:.9g} after temperature "
+                    f"{temperature:g}, yet it emitted {decode(f.emitted)!r} ({f.margin:.3g} nats below); a sampler "
+                    "does not pick such a token unless its logits or its kernel broke (inf/NaN after dividing "
+                    "low-precision logits by a small temperature: `parity transplant` shows where); this fails "
+                    "the case whatever the scenario expects of its tokens")
+    return ""
+
+
+def _picked_after_logits(step: int, results: list[Result], off: dict[tuple[str, str], list[OffTop1]],
+                         decode: Decode) -> str:
+    """At the divergent step, an engine that emitted another token than its own raw top-1 chose it after the
+    logits: penalties or sampler semantics, not numerics."""
+    notes = []
+    for result in results:
+        found = [f for f in off.get((result.engine, result.case_id), []) if f.step == step]
+        if found:
+            f = found[0]
+            notes.append(f"{result.engine} emitted {decode(f.emitted)!r} although its own raw logits rank "
+                         f"{decode(f.top1)!r} first ({f.margin:.3g} nats higher)")
+    if not notes:
+        return ""
+    return ("; ".join(notes) + ": the token was chosen after the logits, so this is sampler or penalty semantics, "
+            "not numerics")

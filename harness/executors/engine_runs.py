@@ -1,0 +1,185 @@
+"""Runs each engine's cases in its own worker (a local subprocess or a Ray actor: harness.executors.choice); every
+result is journaled to disk, by the driver, as it arrives.
+
+A worker that fails to load, dies, or exceeds its timeout turns the cases it owed into engine-error results.
+The cases after them go to a restarted worker (up to MAX_RESTARTS times), so one bad case does not sink a run.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+
+from harness.core.types import Request, Result, TraceRequest, TraceResult
+from harness.executors import choice
+from harness.executors.choice import Executor, Worker
+from harness.executors.local_process import WorkerGone, WorkerTimeout
+from harness.plan.plans import EnginePlan
+from harness.rundir.journal import JOURNAL, save_engine_info
+
+MAX_RESTARTS = 2
+
+
+@dataclass
+class EngineOutcome:
+    name: str
+    results: dict[str, Result | TraceResult] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    load_s: list[float] = field(default_factory=list)
+    worker_pids: list[int] = field(default_factory=list)
+    restarts: int = 0
+    phases: dict[str, float] = field(default_factory=dict)  # the first worker's: process start, imports, load
+
+    def info(self) -> dict:
+        """Everything but the results: what engines/<name>/engine.json keeps for a resumed run."""
+        return {"versions": self.versions, "load_s": self.load_s, "worker_pids": self.worker_pids,
+                "restarts": self.restarts, "phases": self.phases}
+
+
+Progress = Callable[[str, str], None]  # (engine name, event): "loading" | "ready" | "case" | "done"
+
+
+class EngineRun:
+    def __init__(self, plan: EnginePlan, progress: Progress, executor: Executor, label: str):
+        self.plan, self.executor, self.label = plan, executor, label
+        self.progress = lambda event: progress(label, event)
+        self.outcome = EngineOutcome(plan.name)
+        self.worker: Worker | None = None
+        self.stopped = threading.Event()
+        self.journal = None
+        self.result_type = TraceResult if plan.op == "trace" else Result
+
+    def _record(self, result: Result | TraceResult) -> None:
+        self.outcome.results[result.case_id] = result
+        self.journal.write(json.dumps(result.model_dump(mode="json")) + "\n")
+        self.journal.flush()
+        self.progress("case")
+
+    def _fail(self, requests: list[Request], error: str) -> None:
+        for request in requests:
+            if request.case_id not in self.outcome.results:
+                self._record(self.result_type.engine_error(request.case_id, self.plan.name,
+                                                           f"engine error: {error}"))
+
+    def _start_worker(self) -> None:
+        plan = self.plan
+        self.progress("loading")
+        self.worker = self.executor.worker(plan)
+        self.worker.start()
+        if self.worker.pid is not None:  # a worker thread has none
+            self.outcome.worker_pids.append(self.worker.pid)
+            (plan.workdir / "worker.pid").write_text(str(self.worker.pid))
+        self.worker.send({"op": "load", "factory": plan.factory, "setup": plan.setup.model_dump(mode="json"),
+                          "sampling": plan.sampling, "package": plan.package, "params": _distinct_params(plan)})
+        message = self.worker.receive(plan.load_timeout)
+        if message["event"] != "ready":
+            raise WorkerGone(f"could not load: {message.get('error', message)}")
+        self.outcome.versions = message["versions"]
+        self.outcome.load_s.append(message["load_s"])
+        if not self.outcome.phases:
+            phases = message.get("phases", {})
+            spawned = self.worker.spawned_at  # by the clock of the worker's own machine, as main_at is
+            self.outcome.phases = {"process_start_s": phases.get("main_at", spawned) - spawned,
+                                   "imports_s": phases.get("imports_s", 0.0), "load_s": phases.get("load_s", 0.0)}
+        if plan.op == "generate":  # what a resumed run needs of an engine it does not start again
+            save_engine_info(plan.workdir, self.outcome.info())
+        self.progress("ready")
+
+    def _run_batch(self, batch: list[Request] | list[TraceRequest]) -> None:
+        self.worker.send({"op": self.plan.op, "requests": [r.model_dump(mode="json") for r in batch]})
+        owed = {r.case_id for r in batch}
+        while True:
+            message = self.worker.receive(self.plan.case_timeout * max(1, len(owed)))
+            if message["event"] == "result":
+                result = self.result_type.model_validate(message["result"])
+                owed.discard(result.case_id)
+                self._record(result)
+            elif message["event"] == "case_error":
+                owed.discard(message["case_id"])
+                self._record(self.result_type.engine_error(message["case_id"], self.plan.name,
+                                                           f"engine error: {message['error']}"))
+            elif message["event"] == "batch_done":
+                return
+
+    def run(self) -> EngineOutcome:
+        pending = self.plan.batches()
+        self.plan.workdir.mkdir(parents=True, exist_ok=True)
+        self.journal = open(self.plan.workdir / ("traces.jsonl" if self.plan.op == "trace" else JOURNAL), "a")
+        try:
+            while pending and not self.stopped.is_set():
+                batch = pending.pop(0)
+                try:
+                    if self.worker is None:
+                        self._start_worker()
+                    self._run_batch(batch)
+                except (WorkerGone, WorkerTimeout) as exc:
+                    if self.stopped.is_set():
+                        break  # interrupted: unfinished cases stay missing, reported as not run
+                    error = f"timed out ({exc}); worker killed" if isinstance(exc, WorkerTimeout) else str(exc)
+                    self._fail(batch, error)
+                    self._discard_worker()
+                    if self.outcome.restarts >= MAX_RESTARTS:
+                        self._fail([r for b in pending for r in b],
+                                   f"not run: the worker failed {MAX_RESTARTS + 1} times ({error})")
+                        pending = []
+                    self.outcome.restarts += 1
+        finally:
+            if self.worker is not None:
+                self.worker.stop()
+            self.journal.close()
+            self.progress("done")
+        return self.outcome
+
+    def _discard_worker(self) -> None:
+        if self.worker is not None:
+            self.worker.kill()
+            self.worker = None
+
+    def abort(self) -> None:
+        """Called from the main thread on Ctrl-C: stop dispatching and kill the worker now."""
+        self.stopped.set()
+        if self.worker is not None:
+            self.worker.kill()
+
+
+def run_engines(plans: list[EnginePlan], parallel: int | None,
+                progress: Progress) -> tuple[dict[str, EngineOutcome], bool]:
+    """Run all plans (of one scenario: their names differ), `parallel` engines at a time (None: as the current
+    executor decides). Returns the outcomes by plan name and whether the user interrupted."""
+    outcomes, interrupted = run_plans(plans, parallel, progress, [p.name for p in plans])
+    return {plan.name: outcome for plan, outcome in zip(plans, outcomes, strict=True)}, interrupted
+
+
+def run_plans(plans: list[EnginePlan], parallel: int | None, progress: Progress,
+              labels: list[str]) -> tuple[list[EngineOutcome], bool]:
+    """Run plans of one or several scenarios on the current executor; each reports progress under its label.
+    Returns the outcomes in plan order and whether the user interrupted."""
+    executor = choice.current()
+    executor.check({plan.name: plan.resources for plan in plans})
+    runs = [EngineRun(plan, progress, executor, label) for plan, label in zip(plans, labels, strict=True)]
+    pool = ThreadPoolExecutor(max_workers=max(1, parallel or executor.parallel(plans)))
+    futures = [pool.submit(run.run) for run in runs]
+    interrupted = False
+    try:
+        while wait(futures, timeout=0.25).not_done:  # returns when the last one ends; Ctrl-C lands between waits
+            pass
+    except KeyboardInterrupt:
+        interrupted = True
+        for run in runs:
+            run.abort()
+        wait(futures, timeout=30)  # workers are dead: the engine threads wind up at once
+    pool.shutdown(wait=False, cancel_futures=True)
+    for future in futures:
+        if future.done() and not future.cancelled() and future.exception() is not None:
+            raise future.exception()
+    return [run.outcome for run in runs], interrupted
+
+
+def _distinct_params(plan: EnginePlan) -> list[dict]:
+    """The distinct params of a generate plan's requests: its worker answers their effective params once, from load."""
+    if plan.op != "generate":
+        return []
+    return list({r.params.model_dump_json(): r.params.model_dump(mode="json") for r in plan.requests}.values())

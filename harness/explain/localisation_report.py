@@ -1,0 +1,83 @@
+"""Render `parity explain` results: explain/summary.md and the lines the CLI prints."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from harness.rundir.store import write_atomic
+
+BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float]) -> str:
+    """Log-scale bars of positive values (zeros and non-finite values shown as the lowest bar and '!')."""
+    logs = [math.log10(v) for v in values if v > 0 and math.isfinite(v)]
+    if not logs:
+        return BLOCKS[0] * len(values)
+    lo, hi = min(logs), max(logs)
+    span = hi - lo or 1.0
+    out = []
+    for v in values:
+        if not math.isfinite(v):
+            out.append("!")
+        elif v <= 0:
+            out.append(BLOCKS[0])
+        else:
+            out.append(BLOCKS[min(len(BLOCKS) - 1, int((math.log10(v) - lo) / span * len(BLOCKS)))])
+    return "".join(out)
+
+
+def curve_line(curve: list[dict[str, Any]]) -> str:
+    """One line: residual-stream error per layer as bars, its range, and the largest error/floor ratio."""
+    if not curve:
+        return "error curve: no layers compared"
+    errors = [c["error"] for c in curve]
+    ratios = [c["error"] / c["floor"] for c in curve if c["floor"] > 0 and math.isfinite(c["error"])]
+    return (f"residual error by layer {curve[0]['layer']}..{curve[-1]['layer']}: {sparkline(errors)} "
+            f"{min(errors):.2g} .. {max(errors):.2g} (max {max(ratios or [0]):.2g}x the floor)")
+
+
+def localisation_lines(loc: dict[str, Any]) -> list[str]:
+    lines = [f"{loc['case_id']} [{loc['engine']} vs {loc['reference']}]: {loc['cause']}", f"  {loc['verdict']}"]
+    if loc.get("first_difference"):
+        fd = loc["first_difference"]
+        lines.append(f"  first difference: {fd['point']} (relative error {fd['error']:.3g})")
+    if loc.get("curve"):
+        lines.append(f"  {curve_line(loc['curve'])}")
+    return lines
+
+
+def write_markdown(path: Path, scenario: str, run_id: str, meta: dict[str, Any], decode: Callable[[int], str]) -> None:
+    lines = [f"# explain: {scenario}, run {run_id}", "",
+             f"- noise floor: {meta['floor']}; a capture point leaves it when its relative error exceeds "
+             f"{meta['k']:g} x the floor", f"- cases: {', '.join(meta['cases']) or 'none'}"]
+    lines += [f"- note: {n}" for n in meta["notes"]]
+    for loc in meta["localisations"]:
+        lines += ["", f"## {loc['case_id']}: {loc['engine']} vs {loc['reference']}", "",
+                  f"**{loc['cause']}**: {loc['verdict']}", ""]
+        out = loc.get("out_of_floor")
+        if out:
+            lines += ["| point | component | error | floor | x floor | x inputs | worst position |",
+                      "|---|---|---|---|---|---|---|",
+                      f"| {out['point']} | {out['cause']} | {out['error']:.3g} | {out['floor']:.3g} | "
+                      f"{out['ratio']:.3g} | {out['jump']:.3g} | {out['position']} |", ""]
+        d = loc.get("divergence")
+        if d:
+            lines += [f"| first divergent step {d['step']} | chose | raw top-2 | margin | teacher-forced top-2 | "
+                      "margin |", "|---|---|---|---|---|---|"]
+            for who, prefix, forced in ((loc["reference"], "ref", "forced_ref"), (loc["engine"], "engine",
+                                                                                  "forced_engine")):
+                lines.append(f"| {who} | {decode(d[prefix + '_token'])!r} | {[decode(t) for t in d[prefix + '_top']]} "
+                             f"| {d[prefix + '_margin']:.3g} | {[decode(t) for t in d[forced + '_top']]} | "
+                             f"{d[forced + '_margin']:.3g} |")
+            lines.append("")
+        if loc.get("curve"):
+            lines += ["Residual stream after each layer (relative L2 at the worst position):", "",
+                      "| layer | error | floor | x floor |", "|---|---|---|---|"]
+            lines += [f"| {c['layer']} | {c['error']:.3g} | {c['floor']:.3g} | {c['error'] / c['floor']:.3g} |"
+                      for c in loc["curve"]]
+    lines += ["", "Per point and position: `errors.parquet`; per point with floor and ratio: `points.parquet`."]
+    write_atomic(path, "\n".join(lines) + "\n")

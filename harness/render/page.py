@@ -1,0 +1,50 @@
+"""What an HTML report's sections read from a run directory, each file read (and checked) once, when first asked."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness.rundir import layout
+from harness.rundir.store import RunMeta, read_meta
+from harness.rundir.tables import RESULT_TYPES, STEP_TYPES, read_parquet
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+class Page:
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+
+    @cached_property
+    def meta(self) -> RunMeta:
+        return read_meta(self.run_dir)
+
+    @property
+    def reference(self) -> str:
+        return self.meta.reference
+
+    @cached_property
+    def results(self) -> pd.DataFrame:
+        return read_parquet(self.run_dir, layout.RESULTS, RESULT_TYPES)
+
+    @cached_property
+    def steps(self) -> pd.DataFrame:
+        return read_parquet(self.run_dir, layout.STEPS, STEP_TYPES)
+
+    @cached_property
+    def decode(self) -> Callable[[int], str]:
+        """A token id as text in the reference's tokenizer; `#id` when its model folder is gone."""
+        from harness.scenario.prompts import load_tokenizer
+
+        reference = self.meta.engines.get(self.meta.reference)
+        if reference is None:  # the run was interrupted before the reference started
+            return lambda token: f"#{token}"
+        try:
+            tokenizer = load_tokenizer(Path(reference.model_path))
+        except Exception:  # the model folder may be gone: show ids instead of text
+            return lambda token: f"#{token}"
+        return lambda token: tokenizer.decode([int(token)]) if token >= 0 else "(none)"

@@ -1,0 +1,78 @@
+"""The report sections of the investigations that write into a run directory: `parity explain` (where a divergence
+starts, with each localisation's error curve against the noise floor) and `parity transplant` (samplers swapped)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from harness.render.html_parts import esc, svg_plot
+from harness.render.page import Page
+from harness.report.sections import ReportSection
+from harness.rundir.store import read_json
+
+
+class _CurvePoint(BaseModel):
+    layer: int
+    error: float
+    floor: float
+
+
+class _Localisation(BaseModel):
+    case_id: str
+    engine: str
+    reference: str
+    cause: str
+    verdict: str
+    curve: list[_CurvePoint] = Field(default_factory=list)
+
+
+class _Explained(BaseModel):
+    """What the report reads of explain/localisation.json (written by `parity explain`)."""
+
+    k: float
+    floor: str
+    localisations: list[_Localisation]
+
+
+class _Transplanted(BaseModel):
+    """What the report reads of each verdict in transplant/verdicts.json (written by `parity transplant`)."""
+
+    case_id: str
+    engine: str
+    cause: str
+    verdict: str
+
+
+def _explain_section(page: Page) -> str:
+    """parity explain's localisations, each with the residual-stream error curve against the noise floor."""
+    data = read_json(page.run_dir, "explain/localisation.json", _Explained)
+    if data is None:
+        return ""
+    out = [f"<h2 id='explain'>Explain</h2><p>Noise floor: {esc(data.floor)}; a capture point leaves it when its "
+           f"relative error exceeds {data.k:g} x the floor. Per point: <code>explain/points.parquet</code>; per "
+           "point and position: <code>explain/errors.parquet</code>.</p>"]
+    for loc in data.localisations:
+        out.append(f"<div class='case'><h3>{esc(loc.case_id)}: {esc(loc.engine)} vs {esc(loc.reference)}: "
+                   f"{esc(loc.cause)}</h3><p>{esc(loc.verdict)}</p>")
+        if loc.curve:
+            layers = [c.layer for c in loc.curve]
+            out.append(svg_plot({"error": (layers, [c.error for c in loc.curve]),
+                                 "noise floor": (layers, [c.floor for c in loc.curve])},
+                                "residual stream after each layer: relative error (worst position)", xlabel="layer"))
+        out.append("</div>")
+    return "".join(out)
+
+
+def _transplant_section(page: Page) -> str:
+    verdicts = read_json(page.run_dir, "transplant/verdicts.json", list[_Transplanted])
+    if verdicts is None:
+        return ""
+    rows = ["<h2 id='transplant'>Sampler transplant</h2><table><tr><th>case</th><th>engine</th><th>cause</th>"
+            "<th>verdict</th></tr>"]
+    rows += [f"<tr><td>{esc(v.case_id)}</td><td>{esc(v.engine)}</td><td>{esc(v.cause)}</td>"
+             f"<td>{esc(v.verdict)}</td></tr>" for v in verdicts]
+    return "\n".join(rows) + "</table>"
+
+
+EXPLAIN = ReportSection("explain", _explain_section)
+TRANSPLANT = ReportSection("transplant", _transplant_section)
