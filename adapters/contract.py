@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.core.types import Request, Result, TraceRequest, TraceResult, Translation
+from harness.core.types import EngineSetup, Request, Result, TraceRequest, TraceResult
 from harness.core.vocabulary import GREEDY_IRRELEVANT, REQUEST_KNOBS, SamplingParams
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -139,24 +139,44 @@ class EngineDescription:
 
 
 class Engine(Protocol):
-    """Runs inside a worker process. Loads the model once in __init__; generate() yields one Result per request,
-    in any order, as soon as each is ready. Engines with capabilities.traces also take trace=True in __init__
-    (hooks attached, caches that would skip positions off) and implement trace()."""
+    """The Engine class of a description, as a worker (harness.executors.worker_main.Worker) drives it, in its own
+    process or a thread of the harness (capabilities.http_only_client). It constructs it once with the setup of the
+    load message, reports versions() in its ready message, sends each batch to the method its op names (generate
+    here; trace and score in the protocols below, only for engines whose capabilities say so) and calls close()
+    however the worker ends. mypy checks every built-in engine against these (adapters/conformance.py, mypy.ini)."""
 
-    def __init__(self, name: str, model_path: Path, dtype: str, options: dict[str, Any], workdir: Path,
-                 trace: bool = False) -> None: ...
+    def __init__(self, setup: EngineSetup) -> None:
+        """Load the model once: setup.model_path in setup.dtype, options validated by the engine's Options, files
+        only under setup.workdir; with setup.trace, ready for trace() (hooks attached, position-skipping caches
+        off). An exception here is the worker's fatal error."""
 
-    def versions(self) -> dict[str, str]: ...
+    def versions(self) -> dict[str, str]:
+        """The engine package's and runtime's versions (and what the weights really are, where that differs from
+        the dtype), for the run's record."""
 
-    def translate(self, params: SamplingParams, top_logprobs: int) -> Translation: ...
+    def generate(self, requests: list[Request]) -> Iterator[Result]:
+        """One Result per request, in any order, each as soon as it is ready. A case that fails is a Result with
+        status "error"; an exception fails the batch's cases not yet yielded, and the worker stays up."""
 
-    def generate(self, requests: list[Request]) -> Iterator[Result]: ...
-
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Free the model and stop whatever the engine started. Called however the worker ends (op close, end of
+        input, SIGTERM, the harness gone), but not when __init__ raised: stop what it started before raising."""
 
 
 class TracingEngine(Engine, Protocol):
-    def trace(self, requests: list[TraceRequest]) -> Iterator[TraceResult]: ...
+    """An engine with capabilities.traces: the worker's op trace (parity explain, drift, transplant)."""
+
+    def trace(self, requests: list[TraceRequest]) -> Iterator[TraceResult]:
+        """Teacher forcing: one pass over each request's token_ids, its points (TraceRequest.points, or every one)
+        written to a file under the workdir; one TraceResult per request."""
+
+
+class ScoringEngine(Engine, Protocol):
+    """An engine with capabilities.scores (no traces, but it can score a given sequence): the worker's op score."""
+
+    def score(self, requests: list[TraceRequest]) -> Iterator[Result]:
+        """Teacher-forced top-k logprobs at the positions from prompt_len - 1 on, which predict the sequence's
+        continuation (token_ids: the continuation); one Result per request."""
 
 
 def import_object(spec: str) -> Any:

@@ -163,7 +163,13 @@ def check_available(name: str, python: str | None = None, options: dict[str, Any
                     device: bool = True) -> str | None:
     """None when the engine can run with the given interpreter, else the reason it cannot. device False checks the
     package only (enough for its sampling code: `parity params`, `parity transplant`)."""
-    description = describe(name)
+    return availability(describe(name), python, options, device)
+
+
+def availability(description: EngineDescription, python: str | None = None, options: dict[str, Any] | None = None,
+                 device: bool = True) -> str | None:
+    """check_available for an engine whose description is already in hand."""
+    name = description.name
     requirement = description.requirement
     if python is None:
         found: bool | str = importlib.util.find_spec(requirement.module) is not None

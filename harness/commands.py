@@ -268,6 +268,8 @@ def _duration(seconds: float) -> str:
 
 def engines_and_print() -> None:
     from adapters import registry
+    from harness.report.sections import SECTIONS
+    from harness.verdicts.family import FAMILIES
 
     rows, styles = [], []
     for name, description in registry.descriptions().items():
@@ -288,6 +290,8 @@ def engines_and_print() -> None:
         rows.append([plugin.name, f"no: plugin {plugin.target} did not load: {plugin.error}", "-", "", "", ""])
         styles.append(["", "red", "", "", "", ""])
     print_table("engines", ["engine", "available", "package", "can", "dtypes", "description"], rows, styles)
+    for problem in [*FAMILIES.problems(), *SECTIONS.problems()]:  # plug-ins of the other kinds that did not load
+        _note("plug-in not used", problem)
 
 
 def prepare_engine_files(name: str) -> list[tuple[str, str]]:

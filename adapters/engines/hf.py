@@ -237,29 +237,32 @@ class Engine:
 
     def trace(self, requests: list[TraceRequest]) -> Iterator[TraceResult]:
         torch = self.torch
+        capture = self.capture
+        if capture is None:
+            raise RuntimeError("trace: the engine was not loaded to trace (setup.trace)")
 
-        cap_name = self.capture.arch.logits_softcap
+        cap_name = capture.arch.logits_softcap
         cap = getattr(self.model.config, cap_name, None) if cap_name else None
 
         def forward(token_ids: list[int], logits_from: int) -> None:
             """The decoder once, then lm_head (and the family's final soft cap) over the positions from logits_from
             on, a slice at a time (each slice streamed by the capture), so those logits are never all in memory."""
             with torch.inference_mode():
-                if self.capture.arch.logits_only:
-                    self._logits(token_ids, logits_from)
+                if capture.arch.logits_only:
+                    self._logits(capture, token_ids, logits_from)
                     return
                 hidden = self.model.base_model(input_ids=torch.tensor([token_ids]), use_cache=False)[0]
-                if not self.capture.wants("logits"):
+                if not capture.wants("logits"):
                     return
                 for start in range(logits_from, hidden.shape[1], LOGITS_SLICE):
                     logits = self.model.lm_head(hidden[0, start:start + LOGITS_SLICE])
-                    self.capture.deliver("logits", torch.tanh(logits / cap) * cap if cap else logits)
+                    capture.deliver("logits", torch.tanh(logits / cap) * cap if cap else logits)
 
         store = torch.float64 if self.dtype == "float64" else torch.float32
-        yield from run_traces(self.name, self.capture, requests, self.workdir, store, forward,
+        yield from run_traces(self.name, capture, requests, self.workdir, store, forward,
                               {"engine": DESCRIPTION.name, "dtype": self.dtype})
 
-    def _logits(self, token_ids: list[int], logits_from: int) -> None:
+    def _logits(self, capture: Capture, token_ids: list[int], logits_from: int) -> None:
         """A model type without a map: the logits from the model's own output (a family's final soft-capping
         included), only the rows the trace keeps where the model can be asked for them."""
         import inspect
@@ -268,8 +271,8 @@ class Engine:
         extra = {"logits_to_keep": keep} if "logits_to_keep" in inspect.signature(self.model.forward).parameters \
             else {}
         logits = self.model(input_ids=self.torch.tensor([token_ids]), use_cache=False, **extra).logits[0]
-        if self.capture.wants("logits"):
-            self.capture.deliver("logits", logits[-keep:])
+        if capture.wants("logits"):
+            capture.deliver("logits", logits[-keep:])
 
     def close(self) -> None:
         if self.capture is not None:
@@ -285,9 +288,11 @@ class HfRope:
     def __init__(self, model: Any, arch: ArchMap, head_dim: int, num_layers: int):
         import sys
 
+        if arch.rope is None:
+            raise ValueError(f"architecture map {arch.name} derives no rope")
         self.apply = sys.modules[type(model).__module__].apply_rotary_pos_emb
         self.rope, self.head_dim = arch.rope, head_dim
-        self.cos_sin: dict[int, tuple] = {}
+        self.cos_sin: dict[int, tuple | None] = {}  # None: the layer's attention got no position_embeddings
         self.q = None
         modules = dict(model.named_modules())
         for layer in range(num_layers):
@@ -306,9 +311,10 @@ class HfRope:
             self.q = rows
         if point != self.rope.k:
             return []
-        if self.cos_sin.get(layer) is None:
+        cos_sin = self.cos_sin.get(layer)
+        if cos_sin is None:
             raise RuntimeError(f"trace: layer {layer}'s attention got no position_embeddings to derive rope from")
-        q, k = self.apply(self._heads(self.q), self._heads(rows), *self.cos_sin[layer])
+        q, k = self.apply(self._heads(self.q), self._heads(rows), *cos_sin)
         flat = [t.transpose(1, 2)[0].reshape(rows.shape[0], -1) for t in (q, k)]
         return [(layer_point(layer, "q_rope"), flat[0]), (layer_point(layer, "k_rope"), flat[1])]
 

@@ -22,6 +22,7 @@ from pydantic import Field, field_validator
 
 from adapters.contract import Capabilities, EngineDescription, EngineOptions, Requirement, SamplingCode, greedy_ignored
 from adapters.engines import llamacpp_gguf
+from harness.core.numeric import log_softmax
 from harness.core.types import EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
 from harness.core.vocabulary import SamplingParams
 
@@ -49,13 +50,14 @@ class Options(EngineOptions):
         return value
 
 
-def gguf_file(setup: EngineSetup, options: Options) -> str:
-    """The GGUF file the engine reads, built once from the model folder if it is a variant not yet prepared."""
-    if options.gguf.endswith(".gguf"):
-        if not os.path.exists(options.gguf):
-            raise RuntimeError(f"gguf: {options.gguf} does not exist")
-        return options.gguf
-    return str(llamacpp_gguf.ensure(setup.model_path, options.gguf))
+def gguf_file(setup: EngineSetup, gguf: str) -> str:
+    """The GGUF file the engine reads (gguf: the option, here and in llama.cpp-server), built once from the model
+    folder if it is a variant not yet prepared."""
+    if gguf.endswith(".gguf"):
+        if not os.path.exists(gguf):
+            raise RuntimeError(f"gguf: {gguf} does not exist")
+        return gguf
+    return str(llamacpp_gguf.ensure(setup.model_path, gguf))
 
 
 def translate(params: SamplingParams, last_n_tokens: int = 64) -> Translation:
@@ -129,7 +131,7 @@ class Engine:
         self.name, self.options = setup.name, Options(**setup.options)
         self.llama_cpp = llama_cpp
         self.threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
-        self.path = gguf_file(setup, self.options)
+        self.path = gguf_file(setup, self.options.gguf)
         self.n_ctx = max(512, -(-(setup.max_context or 512) // 256) * 256)
         self.extra_buffers = extra_buffers(llama_cpp, self.options.extra_buffers)
         with model_params(llama_cpp, use_extra_bufts=self.extra_buffers):
@@ -149,7 +151,7 @@ class Engine:
             self.tracer = GraphTracer(llama_cpp, self.llm.model, params)
 
     def versions(self) -> dict[str, str]:
-        from adapters.http.served import installed_version
+        from adapters.engines.served import installed_version
 
         return {"llama-cpp-python": installed_version("llama-cpp-python"), "gguf": os.path.basename(self.path),
                 "weights": self._file_type(), "kv_cache": self.options.kv_cache,
@@ -211,6 +213,8 @@ class Engine:
         the evaluation callback."""
         from adapters.tracing.ggml_graph import run_graph_traces
 
+        if self.tracer is None:
+            raise RuntimeError("trace: the engine was not loaded to trace (setup.trace)")
         yield from run_graph_traces(self.name, self.tracer, requests, self.workdir,
                                     {"engine": DESCRIPTION.name, "dtype": "float32", "weights": self._file_type()})
 
@@ -220,11 +224,6 @@ class Engine:
         if getattr(self, "llm", None) is not None:
             self.llm.close()
             self.llm = None
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 DESCRIPTION = EngineDescription(

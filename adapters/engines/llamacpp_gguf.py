@@ -49,13 +49,6 @@ def rope_layout(rows: np.ndarray, n_head: int) -> np.ndarray:
     return rows.reshape(n_head, 2, head_dim // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
 
 
-def hf_layout(activations: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp -> HF for q/k activations [positions, n_head*d] (the inverse of rope_layout on the last axis)."""
-    positions, width = activations.shape
-    head_dim = width // n_head
-    return activations.reshape(positions, n_head, head_dim // 2, 2).swapaxes(2, 3).reshape(positions, width)
-
-
 Hparams = dict[str, int | float | list[bool]]  # GGUFWriter setter name (add_<key>) -> value
 Transform = Callable[[np.ndarray, Hparams], np.ndarray]
 
@@ -123,12 +116,19 @@ def _require(holds: bool, config: dict, why: str) -> None:
                            "GGUF file (option gguf: PATH)")
 
 
+def _count(value: int | float | list[bool]) -> int:
+    """A head count from the Hparams (a list there is sliding_window_pattern's)."""
+    if isinstance(value, list):
+        raise TypeError(f"a head count, not a list: {value!r}")
+    return int(value)
+
+
 def _rope_q(weight: np.ndarray, h: Hparams) -> np.ndarray:
-    return rope_layout(weight, int(h["head_count"]))
+    return rope_layout(weight, _count(h["head_count"]))
 
 
 def _rope_kv(weight: np.ndarray, h: Hparams) -> np.ndarray:
-    return rope_layout(weight, int(h["head_count_kv"]))
+    return rope_layout(weight, _count(h["head_count_kv"]))
 
 
 def _one_plus(weight: np.ndarray, h: Hparams) -> np.ndarray:

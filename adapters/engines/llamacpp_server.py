@@ -16,8 +16,8 @@ from pydantic import Field, field_validator
 from adapters.contract import Capabilities, EngineDescription, Requirement, SamplingCode
 from adapters.engines.llamacpp import GGML_TYPES, gguf_file
 from adapters.engines.llamacpp import Options as LibraryOptions
+from adapters.engines.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
 from adapters.http.client import RequestFailed
-from adapters.http.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
 from adapters.http.token_ids import TokenResolver
 from harness.core.types import EngineSetup, Result, TraceRequest
 
@@ -32,7 +32,10 @@ class Options(ServedOptions):
     last_n_tokens: int = Field(64, ge=0)  # the penalties' window (--last_n_tokens_size)
     startup_timeout: float = Field(300, gt=0)
 
-    _gguf = field_validator("gguf")(LibraryOptions._known_variant.__func__)
+    @field_validator("gguf")
+    @classmethod
+    def _known_variant(cls, value: str) -> str:
+        return LibraryOptions._known_variant(value)  # the llama.cpp engine's check
 
 
 def echo_positions(token_ids: list[int], bos: int | None) -> list[tuple[int, bool]]:
@@ -56,6 +59,7 @@ def command(setup: EngineSetup, port: int, options: Options, gguf: str, threads:
 
 
 class Engine(ServedEngine):
+    options: Options  # for mypy, above `Options = Options`: below it, Options names the class attribute
     Options = Options
     DIALECT = DIALECT
 
@@ -100,7 +104,7 @@ class Engine(ServedEngine):
                       warnings=warnings + resolver.warnings())
 
     def launch(self, setup: EngineSetup, port: int) -> Launch:
-        self.gguf = gguf_file(setup, self.options)
+        self.gguf = gguf_file(setup, self.options.gguf)
         threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
         return Launch(command(setup, port, self.options, self.gguf, threads), dict(os.environ),
                       health_path="/v1/models")

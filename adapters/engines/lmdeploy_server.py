@@ -15,7 +15,7 @@ from pydantic import Field
 from adapters.contract import Capabilities, EngineDescription, Knob, Requirement, SamplingCode
 from adapters.engines.lmdeploy_pipeline import LMDEPLOY_DTYPES
 from adapters.engines.openai import attached_knobs
-from adapters.http.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
+from adapters.engines.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
 from harness.core.types import EngineSetup
 
 
@@ -39,6 +39,7 @@ def command(setup: EngineSetup, port: int, options: Options) -> list[str]:
 
 
 class Engine(ServedEngine):
+    options: Options  # for mypy, above `Options = Options`: below it, Options names the class attribute
     Options = Options
     DIALECT = "lmdeploy"
 

@@ -1,6 +1,6 @@
 """`openai` engine: any OpenAI-compatible server by base URL, /v1/completions or /v1/chat/completions,
 streamed or not, with bounded concurrency, timeouts and retries. Server engines the harness starts (vllm-server,
-lmdeploy-server) build on it through adapters.http.served."""
+lmdeploy-server) build on it through adapters.engines.served."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlparse
 
 import httpx
@@ -35,7 +35,10 @@ from harness.core.types import EngineSetup, Request, Result, Translation
 from harness.core.vocabulary import SamplingParams
 from harness.models.catalog import eos_token_ids
 
-DialectName = Literal[tuple(DIALECTS)]  # type: ignore[valid-type]
+if TYPE_CHECKING:
+    DialectName = str
+else:  # pydantic checks the name against the dialects
+    DialectName = Literal[tuple(DIALECTS)]
 
 
 # Requests run in threads, and attached clients of several engines share the harness's process (worker threads):
@@ -128,12 +131,15 @@ def auth_headers(api_key_env: str | None) -> dict[str, str]:
 
 
 class Engine:
-    """Talks to a running server. Server engines (adapters.http.served) start or attach first, then connect()."""
+    """Talks to a running server. Server engines (adapters.engines.served) start or attach first, then connect()."""
+
+    options: AttachOptions  # each server engine's own Options
 
     def __init__(self, setup: EngineSetup):
-        self.name, self.options = setup.name, Options(**setup.options)
-        self.connect(setup.model_path, api_base(self.options.url), DIALECTS[self.options.dialect], self.options,
-                     auth_headers(self.options.api_key_env))
+        options = Options(**setup.options)
+        self.name, self.options = setup.name, options
+        self.connect(setup.model_path, api_base(options.url), DIALECTS[options.dialect], options,
+                     auth_headers(options.api_key_env))
 
     def connect(self, model_path: Path, base_url: str, dialect: Dialect, options: ClientOptions,
                 headers: dict[str, str], server_alive: Callable[[], str | None] = lambda: None) -> None:

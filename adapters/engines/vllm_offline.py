@@ -15,6 +15,7 @@ from pydantic import Field
 from adapters.contract import (
     Capabilities,
     EngineDescription,
+    EngineOptions,
     InProcessOptions,
     Knob,
     Requirement,
@@ -44,7 +45,7 @@ class Options(InProcessOptions):
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 
 
-def knobs(name: str, options: Options) -> Knob:
+def knobs(name: str, options: EngineOptions) -> Knob:
     """How vLLM turns the invariance knobs: batching and order through the requests of one generate() call,
     the rest through its engine configuration (each distinct configuration is one engine load)."""
     turned = {
@@ -104,7 +105,7 @@ def translate(params: SamplingParams, top_logprobs: int = 5) -> Translation:
     """Canonical params -> vllm.SamplingParams kwargs (unset means neutral, as in the canonical vocabulary); for
     beam search, BeamSearchParams kwargs."""
     if params.num_beams:
-        from adapters.sampling import vllm_beams
+        from adapters.engines import vllm_beams
 
         return Translation(native_params=vllm_beams.search_params(params),
                            warnings=greedy_ignored(params) + vllm_beams.not_applied(params))
@@ -184,6 +185,8 @@ class Engine:
         params = VllmSamplingParams(max_tokens=1, temperature=0.0)
         model = self.llm.apply_model(lambda m: m)[0]
         capture = self.capture
+        if capture is None:
+            raise RuntimeError("trace: the engine was not loaded to trace (setup.trace)")
 
         def forward(token_ids: list[int], logits_from: int) -> None:
             with capture.mute("logits"):  # the sampler's own logits call: the last position only
@@ -255,7 +258,7 @@ class Engine:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import BeamSearchParams
 
-        from adapters.sampling.vllm_beams import score
+        from adapters.engines.vllm_beams import score
 
         groups: dict[str, list[Request]] = {}
         for request in requests:

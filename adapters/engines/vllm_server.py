@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from adapters.contract import Capabilities, EngineDescription, Knob, Requirement, SamplingCode, request_knobs
+from adapters.engines.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
 from adapters.engines.vllm_offline import Options as OfflineOptions
 from adapters.engines.vllm_offline import (
     context_length,
@@ -20,7 +21,6 @@ from adapters.engines.vllm_offline import (
     speculative_not_applied,
 )
 from adapters.engines.vllm_offline import knobs as offline_knobs
-from adapters.http.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
 from harness.core.types import EngineSetup, Translation
 from harness.core.vocabulary import SamplingParams
 
@@ -79,6 +79,7 @@ def command(setup: EngineSetup, port: int, options: Options) -> list[str]:
 
 
 class Engine(ServedEngine):
+    options: Options  # for mypy, above `Options = Options`: below it, Options names the class attribute
     Options = Options
     DIALECT = "vllm"
 
@@ -108,7 +109,7 @@ class Engine(ServedEngine):
         length_penalty or the server's default for it."""
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-        from adapters.sampling.vllm_beams import score
+        from adapters.engines.vllm_beams import score
 
         penalty = body.get("length_penalty", CompletionRequest.model_fields["length_penalty"].default)
         return score(prompt_ids, beam_ids, cum_logprob, self.tokenizer.eos_token_id, penalty)

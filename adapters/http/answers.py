@@ -26,16 +26,18 @@ def to_result(name: str, request: Request, translation: Translation, body: dict[
         return Result.engine_error(request.case_id, name, (
             f"engine error: {url} returned {len(token_ids)} tokens but logprobs for {len(steps)} steps, so it cannot "
             "be compared token by token (not retried: the server answered)"))
-    if any(t is None for t in token_ids):
+    known = [t for t in token_ids if t is not None]
+    if len(known) != len(token_ids):
         return Result.engine_error(request.case_id, name, (
             f"engine error: token text {sorted(resolver.unmapped)[:5]} maps to no id of the model's tokenizer: "
             "the server's tokenizer is not the model folder's"))
-    top_ids, top_logprobs = [], []
+    top_ids: list[list[int]] = []
+    top_logprobs: list[list[float]] = []
     for step in steps:
         ranked = dict(step.top)
         ranked.setdefault(step.token, step.logprob)  # servers that list the chosen token apart (lmdeploy chat)
-        pairs = [(resolver.resolve(t), lp) for t, lp in sorted(ranked.items(), key=lambda kv: -kv[1])]
-        pairs = [(t, lp) for t, lp in pairs if t is not None][: request.top_logprobs]  # no id: dropped, warned
+        resolved = [(resolver.resolve(t), lp) for t, lp in sorted(ranked.items(), key=lambda kv: -kv[1])]
+        pairs = [(t, lp) for t, lp in resolved if t is not None][: request.top_logprobs]  # no id: dropped, warned
         top_ids.append([t for t, _ in pairs])
         top_logprobs.append([lp for _, lp in pairs])
     warnings = list(translation.warnings) + resolver.warnings()
@@ -48,7 +50,7 @@ def to_result(name: str, request: Request, translation: Translation, body: dict[
             warnings.append(f"the server does not return prompt token ids: assumed equal to the harness's, though "
                             f"{how} made them")
     return Result(case_id=request.case_id, engine=name, status="ok", prompt_ids=list(prompt_ids),
-                  token_ids=list(token_ids), text=completion.text, finish_reason=completion.finish_reason,
+                  token_ids=known, text=completion.text, finish_reason=completion.finish_reason,
                   chosen_logprobs=[s.logprob for s in steps], top_ids=top_ids, top_logprobs=top_logprobs,
                   native_params={k: v for k, v in body.items() if k not in ("prompt", "messages", "input_ids")},
                   warnings=warnings)

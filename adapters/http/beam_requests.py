@@ -58,7 +58,7 @@ def complete(engine: Any, request: Request) -> Result:
     if failed or not ranked:
         return failed or Result.engine_error(request.case_id, engine.name, "engine error: the server returned no "
                                              "beams")
-    beams = [Beam(token_ids=r.token_ids, logprobs=r.chosen_logprobs, cum_logprob=sum(r.chosen_logprobs),
+    beams = [Beam(token_ids=r.token_ids, logprobs=list(r.chosen_logprobs), cum_logprob=sum(r.chosen_logprobs),
                   score=engine.beam_score(r.prompt_ids, r.token_ids, sum(r.chosen_logprobs), body),
                   finish_reason=r.finish_reason, text=r.text) for r in ranked]
     warnings = list(dict.fromkeys(w for r in ranked for w in r.warnings))

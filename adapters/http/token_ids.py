@@ -19,26 +19,27 @@ class TokenTable:
 
     def __init__(self, load_tokenizer: Callable[[], Any]):
         self.load_tokenizer = load_tokenizer
-        self._by_text: dict[str, list[int]] | None = None
-        self._by_piece: dict[str, int] | None = None
+        self._tables: tuple[dict[str, list[int]], dict[str, int]] | None = None  # (by text, by piece)
         self._lock = threading.Lock()
 
-    def _build(self) -> None:
+    def _build(self) -> tuple[dict[str, list[int]], dict[str, int]]:
         tokenizer = self.load_tokenizer()
         table: dict[str, list[int]] = defaultdict(list)
         for token_id in range(len(tokenizer)):
             table[tokenizer.decode([token_id])].append(token_id)
-        self._by_text, self._by_piece = dict(table), dict(tokenizer.get_vocab())
+        return dict(table), dict(tokenizer.get_vocab())
+
+    def _built(self) -> tuple[dict[str, list[int]], dict[str, int]]:
+        with self._lock:  # requests run in threads: build once
+            if self._tables is None:
+                self._tables = self._build()
+            return self._tables
 
     def __call__(self) -> dict[str, list[int]]:
-        with self._lock:  # requests run in threads: build once
-            if self._by_text is None:
-                self._build()
-            return self._by_text
+        return self._built()[0]
 
     def piece(self, token: str) -> int | None:
-        self()
-        return self._by_piece.get(token)
+        return self._built()[1].get(token)
 
 
 @dataclass

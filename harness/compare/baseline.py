@@ -16,8 +16,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from harness.compare.token_rules import COLUMNS, VERDICT_TYPES
 from harness.core.errors import ConfigError
+from harness.rundir import layout
 from harness.rundir.store import read_meta, write_atomic
-from harness.rundir.tables import RESULT_TYPES, STEP_TYPES, read_parquet
+from harness.rundir.tables import read_parquet, read_results, read_steps
 
 
 def _round(values) -> list[float]:
@@ -29,9 +30,9 @@ def records_from_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]
     meta = read_meta(run_dir)
     if meta.status != "finished":
         raise ConfigError(f"{run_dir}: the run is {meta.status}: save a baseline from a finished run")
-    results = read_parquet(run_dir, "results.parquet", RESULT_TYPES)
-    steps = read_parquet(run_dir, "steps.parquet", STEP_TYPES)
-    verdicts = read_parquet(run_dir, "verdicts.parquet", VERDICT_TYPES, required=False)
+    results = read_results(run_dir)
+    steps = read_steps(run_dir)
+    verdicts = read_parquet(run_dir, layout.VERDICTS, VERDICT_TYPES, required=False)
     verdicts = (verdicts if verdicts is not None else pd.DataFrame(columns=COLUMNS)).set_index(["engine", "case_id"])
     per_case = {key: group for key, group in steps.groupby(["engine", "case_id"], sort=False)}
     records = []

@@ -16,14 +16,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from adapters import registry
 from harness import models
 from harness.compare.beam_rules import beam_cases
 from harness.core.types import BEAM_EFFECTIVE, Beam, Effective
 from harness.explain.beam_causes import BeamExplanation, LoopRun, explain_case
 from harness.run.outcome import RunOutcome
 from harness.rundir.store import write_atomic, write_json
-from harness.rundir.tables import BEAM_TYPES, RESULT_TYPES, read_parquet
+from harness.rundir.tables import read_beams, read_results
 from harness.scenario.prompts import load_tokenizer
 from harness.semantics.effective import describe_differences, differing_fields
 from harness.semantics.jobs import SamplingJob, SamplingJobFailed
@@ -44,7 +43,7 @@ def split_cases(outcome: RunOutcome, chosen: list[str]) -> tuple[list[str], list
 
 def _real_beams(run_dir: Path) -> dict[tuple[str, str], list[Beam]]:
     """The beams each engine returned in the run (none when every engine failed: no beams.parquet)."""
-    frame = read_parquet(run_dir, "beams.parquet", BEAM_TYPES, required=False)
+    frame = read_beams(run_dir)
     beams: dict[tuple[str, str], list[Beam]] = {}
     for row in ([] if frame is None else frame.sort_values(["engine", "case_id", "rank"]).itertuples()):
         logprobs = [None if pd.isna(v) else float(v) for v in row.logprobs]
@@ -68,7 +67,7 @@ def _run_loops(outcome: RunOutcome, cases: list[str], real: dict[tuple[str, str]
     jobs: dict[str | None, SamplingJob] = {}
     for case_id in cases:  # a case's loops one after another: the oracle keeps that prompt's numbers
         for name, engine in spec.engines.items():
-            code = registry.describe(engine.engine).sampling_code(engine.options)
+            code = scenario.description(name).sampling_code(engine.options)
             if (name, case_id) not in real:
                 continue
             if code is None:
@@ -133,7 +132,7 @@ def explain_beams(outcome: RunOutcome, cases: list[str]) -> BeamExplainOutcome:
 
 
 def _effective(run_dir: Path) -> dict[tuple[str, str], Effective]:
-    results = read_parquet(run_dir, "results.parquet", RESULT_TYPES)
+    results = read_results(run_dir)
     found = {(r.engine, r.case_id): json.loads(r.effective) for r in results.itertuples()}
     return {key: Effective.model_validate(e) for key, e in found.items() if e.get("decoding")}
 
@@ -148,7 +147,7 @@ def _rules(effective: dict[tuple[str, str], Effective], ref: str, name: str, cas
 
 def _prompt_ids(run_dir: Path, reference: str) -> dict[str, list[int]]:
     """The prompt ids of each case, as the reference ran them."""
-    results = read_parquet(run_dir, "results.parquet", RESULT_TYPES)
+    results = read_results(run_dir)
     return {row.case_id: [int(t) for t in row.prompt_ids] for row in results.itertuples() if row.engine == reference}
 
 

@@ -26,7 +26,7 @@ from harness.explain.trace_diff import against_floor, compare_traces, first_out,
 from harness.plan.plans import engine_plan
 from harness.run.outcome import RunOutcome
 from harness.rundir.store import write_json
-from harness.rundir.tables import write_parquet
+from harness.rundir.tables import read_results, read_steps, write_parquet
 from harness.rundir.traces import Trace
 from harness.scenario.prompts import load_tokenizer
 from harness.semantics.meaning import explain_differences, param_differences
@@ -68,8 +68,8 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
     spec, ref = scenario.spec, scenario.spec.reference
     k = k or spec.explain.k
     cases = choose_cases(outcome, case_ids)
-    results = pd.read_parquet(run_dir / "results.parquet").set_index(["engine", "case_id"])
-    steps = pd.read_parquet(run_dir / "steps.parquet").set_index(["engine", "case_id", "step"])
+    results = read_results(run_dir).set_index(["engine", "case_id"])
+    steps = read_steps(run_dir).set_index(["engine", "case_id", "step"])
     notes: list[str] = []
     requests = []
     for case_id in cases:
@@ -79,9 +79,9 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
             continue
         ids = [int(t) for t in (*row["prompt_ids"], *row["token_ids"])]
         requests.append(TraceRequest(case_id=case_id, token_ids=ids, prompt_len=len(row["prompt_ids"])))
-    traceable = [n for n in spec.engines if registry.describe(spec.engines[n].engine).capabilities.traces]
+    traceable = [n for n in spec.engines if scenario.description(n).capabilities.traces]
     scorable = [n for n in spec.engines if n not in traceable
-                and registry.describe(spec.engines[n].engine).capabilities.scores]
+                and scenario.description(n).capabilities.scores]
     notes += [f"{n}: not traced ({spec.engines[n].engine} engines cannot capture activations): its verdict-level "
               "reasoning is given instead" + (", with its teacher-forced top-k logprobs" if n in scorable else "")
               for n in spec.engines if n not in traceable]

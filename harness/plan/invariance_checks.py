@@ -15,7 +15,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from adapters import registry
 from adapters.contract import Knob
 from harness import models
 from harness.core.types import Request
@@ -132,7 +131,7 @@ def _repeats_the_comparison(side: Side, base: EnginePlan) -> bool:
 
 def _knob(scenario: LoadedScenario, check: Check) -> Knob:
     engine = scenario.spec.engines[check.engine]
-    return registry.describe(engine.engine).knob(check.knob, engine.options)
+    return scenario.description(check.engine).knob(check.knob, engine.options)
 
 
 def _changes(options: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

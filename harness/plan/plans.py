@@ -75,7 +75,7 @@ def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: li
     run, another configuration of the engine). `resolve` finds the model's folder (`parity run --plan` plans a
     cluster's work without one)."""
     spec, engine = scenario.spec, scenario.spec.engines[name]
-    description = registry.describe(engine.engine)
+    description = scenario.description(name)
     dtype = dtype or spec.engine_dtype(name)
     plan_name = plan_name or name
     options = engine.options if options is None else options
@@ -106,7 +106,7 @@ def _batch_size(engine: EngineSpec, description: EngineDescription) -> int:
 def plan_resources(scenario: LoadedScenario, name: str, options: dict[str, Any] | None = None) -> ActorResources:
     """What one of the scenario's engines asks a Ray cluster for (options: another configuration's)."""
     engine = scenario.spec.engines[name]
-    needs_cuda = registry.describe(engine.engine).needs_cuda(engine.options if options is None else options)
+    needs_cuda = scenario.description(name).needs_cuda(engine.options if options is None else options)
     return engine_resources(scenario.spec.engine_threads(name), needs_cuda, engine.resources)
 
 
@@ -139,7 +139,7 @@ def unavailable_engines(scenario: LoadedScenario, names: list[str], allow_missin
         if incapable and (not allow_missing or (need_reference and name == scenario.spec.reference)):
             raise ConfigError(incapable)
         spec = scenario.spec.engines[name]
-        reason = incapable or registry.check_available(spec.engine, spec.python, spec.options, device)
+        reason = incapable or registry.availability(scenario.description(name), spec.python, spec.options, device)
         if reason and (not allow_missing or (need_reference and name == scenario.spec.reference)):
             raise EngineUnavailable(reason + ("" if allow_missing else " (or pass --allow-missing to skip it)"))
         if reason:

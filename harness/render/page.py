@@ -7,9 +7,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.rundir import layout
 from harness.rundir.store import RunMeta, read_meta
-from harness.rundir.tables import RESULT_TYPES, STEP_TYPES, read_parquet
+from harness.rundir.tables import read_results, read_steps
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -29,11 +28,11 @@ class Page:
 
     @cached_property
     def results(self) -> pd.DataFrame:
-        return read_parquet(self.run_dir, layout.RESULTS, RESULT_TYPES)
+        return read_results(self.run_dir)
 
     @cached_property
     def steps(self) -> pd.DataFrame:
-        return read_parquet(self.run_dir, layout.STEPS, STEP_TYPES)
+        return read_steps(self.run_dir)
 
     @cached_property
     def decode(self) -> Callable[[int], str]:

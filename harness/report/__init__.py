@@ -1,1 +1,2 @@
-"""What a run leaves for people and CI: summary.md, the HTML report, JUnit/Markdown/GitHub outputs, console tables."""
+"""What a run leaves for people and CI: summary.md, the HTML report (its plug-in sections), JUnit/Markdown/GitHub
+outputs."""

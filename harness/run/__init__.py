@@ -1,2 +1,2 @@
-"""Running engines: plans, the executor that drives one worker process per engine, the worker itself, and the run
-directory every result is written to as it arrives."""
+"""`parity run` and `--resume`: a scenario through the executor, its results judged by every verdict family, its run
+directory completed."""

@@ -12,14 +12,9 @@ from harness.core.types import Result, TraceRequest, TraceResult
 from harness.executors.engine_runs import Progress, run_engines
 from harness.plan.plans import engine_plan
 from harness.scenario.spec import LoadedScenario
+from harness.verdicts.drift import measured
 
 PLAN_SUFFIX = "@drift"
-
-
-def measured(scenario: LoadedScenario) -> dict[str, str]:
-    """engine -> its baseline, for the engines of this run with a drift verdict."""
-    spec = scenario.spec
-    return {name: spec.drift_baseline(name) for name in spec.engines if spec.drift_baseline(name) in spec.engines}
 
 
 def run_passes(scenario: LoadedScenario, run_dir: Path, results: dict[tuple[str, str], Result],

@@ -5,6 +5,7 @@ RUN_JSON = "run.json"
 RESULTS = "results.parquet"  # one row per (engine, case): params, tokens, text, how it ended
 STEPS = "steps.parquet"  # one row per generated token: chosen id and logprob, the top-k alternatives
 BEAMS = "beams.parquet"  # one row per returned beam (beam-search cases only)
+VERDICTS = "verdicts.parquet"  # the token verdicts (harness.verdicts.tokens), which baselines also read
 SUMMARY = "summary.md"
 REPORT = "report.html"
 ENGINES = "engines"  # engines/<name>/: each engine's journal, engine.json, traces

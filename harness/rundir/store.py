@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from harness.core.errors import ConfigError
+from harness.rundir import layout
 
 # 1: the layout before run.json carried a format_version; 2: typed run.json, engine setups, ended_by in results;
 # 3: one pass column, `expected`, in every verdict table (drift.parquet had `ok`)
@@ -109,7 +110,7 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def write_meta(run_dir: Path, meta: RunMeta) -> None:
-    write_atomic(run_dir / "run.json", meta.model_dump_json(indent=2) + "\n")
+    write_atomic(run_dir / layout.RUN_JSON, meta.model_dump_json(indent=2) + "\n")
 
 
 @contextlib.contextmanager
@@ -133,7 +134,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
 def read_meta(run_dir: Path) -> RunMeta:
     """run.json of a run directory, checked: not a run directory, an older layout, or a broken file, each a
     one-line ConfigError that says what to do."""
-    path = run_dir / "run.json"
+    path = run_dir / layout.RUN_JSON
     if not path.is_file():
         raise ConfigError(f"{run_dir}: not a run directory (no run.json): pass a reports/<run-id> folder")
     try:

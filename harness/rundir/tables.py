@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from harness.core.errors import ConfigError
 from harness.core.types import Result
+from harness.rundir import layout
 
 
 def write_parquet(path: Path, frame: pd.DataFrame) -> None:
@@ -103,6 +104,21 @@ STEP_TYPES = {"case_id": "str", "engine": "str", "step": "int", "token_id": "int
 BEAM_TYPES = {"case_id": "str", "engine": "str", "rank": "int", "token_ids": "list[int]", "logprobs": "list[float]?",
               "cum_logprob": "float?", "score": "float?", "finish_reason": "str", "text": "str"}
 RESULT_COLUMNS, STEP_COLUMNS, BEAM_COLUMNS = list(RESULT_TYPES), list(STEP_TYPES), list(BEAM_TYPES)
+
+
+def read_results(run_dir: Path) -> pd.DataFrame:
+    """results.parquet, checked: one row per (engine, case)."""
+    return read_parquet(run_dir, layout.RESULTS, RESULT_TYPES)
+
+
+def read_steps(run_dir: Path) -> pd.DataFrame:
+    """steps.parquet, checked: one row per generated token."""
+    return read_parquet(run_dir, layout.STEPS, STEP_TYPES)
+
+
+def read_beams(run_dir: Path) -> pd.DataFrame | None:
+    """beams.parquet, checked; None when the run searched no beams."""
+    return read_parquet(run_dir, layout.BEAMS, BEAM_TYPES, required=False)
 
 
 def results_frame(results: list[Result], params: dict[tuple[str, str], str],

@@ -1,2 +1,2 @@
-"""Scenario files: the canonical parameter vocabulary, validation with file:line errors, expansion into cases,
-prompt tokenisation."""
+"""Scenario files: validation with file:line errors, expansion into cases, each engine's description resolved once,
+prompt tokenisation and identity."""

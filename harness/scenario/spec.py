@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from adapters.contract import EngineDescription
 from harness.core.errors import ConfigError
 from harness.core.vocabulary import KNOBS, SamplingParams
 from harness.scenario.yaml_source import YamlSource
@@ -230,10 +231,16 @@ class LoadedScenario:
     # engine -> why it cannot run these cases (a decoding mode it lacks, such as beam search): `validate` and a run
     # refuse it (exit 2), `--allow-missing` skips it
     incapable: dict[str, str] = field(default_factory=dict)
+    # engine -> its type's description (adapters.registry), resolved once when the scenario is loaded
+    descriptions: dict[str, EngineDescription] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.spec.name or self.path.stem
+
+    def description(self, name: str) -> EngineDescription:
+        """What engine `name`'s type is and can do."""
+        return self.descriptions[name]
 
     def with_cases(self, only: list[str] | None) -> LoadedScenario:
         """A copy keeping only the named cases (--case); an unknown id is a config error."""
@@ -286,21 +293,21 @@ def _prompts(source: YamlSource, spec: Scenario) -> list[PromptSpec]:
     return prompts
 
 
-def _check_engines(source: YamlSource, spec: Scenario) -> None:
+def _check_engines(source: YamlSource, spec: Scenario) -> dict[str, EngineDescription]:
     """Engine types must be registered, their options valid for the adapter, and their dtype one the engine runs
-    (checked before anything runs)."""
+    (checked before anything runs). Returns each engine's description."""
     from adapters import registry
     from harness.models import catalog as models
 
+    descriptions = {}
     for name, engine in spec.engines.items():
         try:
-            description = registry.describe(engine.engine)
+            description = descriptions[name] = registry.describe(engine.engine)
             description.parse_options(engine.options)
         except ConfigError as exc:
             raise source.error(("engines", name, "engine"), exc.message) from None
         except ValidationError as exc:
             raise source.validation_error(exc, ("engines", name, "options")) from None
-        _check_drift(source, spec, name)
         problem = description.dtype_problem(spec.engine_dtype(name), engine.options) or \
             models.dtype_problem(spec.model, spec.engine_dtype(name))
         if problem:
@@ -308,12 +315,13 @@ def _check_engines(source: YamlSource, spec: Scenario) -> None:
                 else ("engines", name)
             raise source.error(where, f"{problem}: give engine {name} a dtype it supports "
                                       f"(engines.{name}.dtype: {description.capabilities.dtypes[0]})")
+    for name in spec.engines:
+        _check_drift(source, spec, name, descriptions)
+    return descriptions
 
 
-def _check_drift(source: YamlSource, spec: Scenario, name: str) -> None:
+def _check_drift(source: YamlSource, spec: Scenario, name: str, descriptions: dict[str, EngineDescription]) -> None:
     """A drift verdict needs a baseline that is another engine of the scenario, and full logits from both."""
-    from adapters import registry
-
     baseline = spec.drift_baseline(name)
     if baseline is None:
         return
@@ -323,7 +331,7 @@ def _check_drift(source: YamlSource, spec: Scenario, name: str) -> None:
                                   f"({', '.join(n for n in spec.engines if n != name)})")
     for engine in (name, baseline):
         kind = spec.engines[engine].engine
-        if not registry.describe(kind).capabilities.traces:
+        if not descriptions[engine].capabilities.traces:
             raise source.error(where if engine == baseline else ("engines", name, "drift"),
                                f"engine {engine} ({kind}) cannot give full logits over a text, which a drift verdict "
                                "needs: measure drift between engines that can be traced")
@@ -347,7 +355,7 @@ def load(path: str | Path, text: str | None = None) -> LoadedScenario:
         spec = Scenario.model_validate(source.data)
     except ValidationError as exc:
         raise source.validation_error(exc) from None
-    _check_engines(source, spec)
+    descriptions = _check_engines(source, spec)
     prompts = _prompts(source, spec)
     points = math.prod(len(values) for values in spec.grid.values())
     if len(prompts) * points > MAX_CASES:
@@ -369,7 +377,7 @@ def load(path: str | Path, text: str | None = None) -> LoadedScenario:
             case_id = f"{prompt.id}[{suffix}]" if suffix else prompt.id
             _check_beam_case(source, spec, case_id, per_engine)
             cases.append(Case(case_id, prompt, per_engine))
-    return LoadedScenario(Path(path), spec, cases, _incapable(source, spec, cases))
+    return LoadedScenario(Path(path), spec, cases, _incapable(source, spec, cases, descriptions), descriptions)
 
 
 def _beam_key(spec: Scenario, engine: str) -> tuple:
@@ -388,14 +396,15 @@ def _check_beam_case(source: YamlSource, spec: Scenario, case_id: str, params: d
                            "beams where the others do: set num_beams for every engine of a case, or for none")
 
 
-def _incapable(source: YamlSource, spec: Scenario, cases: list[Case]) -> dict[str, str]:
+def _incapable(source: YamlSource, spec: Scenario, cases: list[Case],
+               descriptions: dict[str, EngineDescription]) -> dict[str, str]:
     """Engines asked for beam search that have none: one line each, with file, line and the fix."""
     from adapters import registry
 
     beam_cases = [c.case_id for c in cases if any(p.num_beams for p in c.engine_params.values())]
     found = {}
     for name, engine in spec.engines.items():
-        if beam_cases and not registry.describe(engine.engine).capabilities.beam_search:
+        if beam_cases and not descriptions[name].capabilities.beam_search:
             able = [n for n, d in registry.descriptions().items() if d.capabilities.beam_search]
             found[name] = source.error(_beam_key(spec, name), (
                 f"engine {name} ({engine.engine}) has no beam search, and case(s) {', '.join(beam_cases[:3])} ask "

@@ -1,2 +1,2 @@
-"""Sampling semantics: what each engine's own code does with the params (effective params, preflight), every
-sampler on the same logits (transplant), and sampling parity (G-test on seeded samples)."""
+"""Sampling semantics: what each param means, and what each engine's own code does with them (effective params,
+preflight), run in the engine's interpreter."""

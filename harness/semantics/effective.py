@@ -9,7 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from adapters import registry
 from harness import models
 from harness.core.errors import ConfigError
 from harness.core.types import BEAM_EFFECTIVE, COMPARED, Effective
@@ -105,7 +104,7 @@ def _problems(scenario: LoadedScenario, names: list[str]) -> list[str]:
     problems = []
     for name in names:
         spec = scenario.spec.engines[name]
-        code = registry.describe(spec.engine).sampling_code(spec.options)
+        code = scenario.description(name).sampling_code(spec.options)
         limits = getattr(importlib.import_module(code.module), "LIMITS", {}) if code else {}
         for case in scenario.cases:
             params = case.engine_params[name]
@@ -125,7 +124,7 @@ def compute(scenario: LoadedScenario, names: list[str]) -> dict[str, dict[str, E
     shared: dict[tuple[str | None, str], list[tuple[str, list[str], dict[str, Any]]]] = {}  # (engine, cases, item)
     for name in names:
         spec = scenario.spec.engines[name]
-        code = registry.describe(spec.engine).sampling_code(spec.options)
+        code = scenario.description(name).sampling_code(spec.options)
         if code is None:
             table[name] = {c.case_id: Effective(notes=[f"{name} has no sampling code to run here"])
                            for c in scenario.cases}
@@ -141,11 +140,12 @@ def compute(scenario: LoadedScenario, names: list[str]) -> dict[str, dict[str, E
             for p, ids in groups.items())
 
     def one(asked: list[tuple[str, list[str], dict[str, Any]]]) -> None:
-        first = scenario.spec.engines[asked[0][0]]
+        first_name = asked[0][0]
+        first = scenario.spec.engines[first_name]
         job = SamplingJob("effective", ", ".join(dict.fromkeys(name for name, _, _ in asked)),
-                          registry.describe(first.engine).sampling_code(first.options), Path(asked[0][2]["model_path"]),
-                          asked[0][2]["dtype"], [item for _, _, item in asked], first.python,
-                          scenario.spec.engine_threads(asked[0][0]), cached=True)
+                          scenario.description(first_name).sampling_code(first.options),
+                          Path(asked[0][2]["model_path"]), asked[0][2]["dtype"], [item for _, _, item in asked],
+                          first.python, scenario.spec.engine_threads(first_name), cached=True)
         try:
             answers = [Effective.model_validate(item["effective"]) for item in job.run()["items"]]
         except SamplingJobFailed as exc:

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from adapters import registry
 from harness import models
 from harness.core.errors import ConfigError
 from harness.core.types import TraceRequest
@@ -31,7 +30,7 @@ from harness.executors.engine_runs import run_engines
 from harness.plan.plans import engine_plan
 from harness.run.outcome import RunOutcome
 from harness.rundir.store import write_json
-from harness.rundir.tables import write_parquet
+from harness.rundir.tables import read_results, write_parquet
 from harness.scenario.prompts import load_tokenizer
 from harness.scenario.spec import LoadedScenario
 from harness.semantics.jobs import SamplingJob, SamplingJobFailed
@@ -77,7 +76,7 @@ def transplant_run(outcome: RunOutcome, scenario: LoadedScenario, names: list[st
     run_dir = outcome.run_dir
     spec, ref = scenario.spec, scenario.spec.reference
     case_ids = [c.case_id for c in outcome.scenario.cases]
-    results = pd.read_parquet(run_dir / "results.parquet").set_index(["engine", "case_id"])
+    results = read_results(run_dir).set_index(["engine", "case_id"])
     requests = []
     for case_id in case_ids:
         row = results.loc[(ref, case_id)]
@@ -115,7 +114,7 @@ def transplant_run(outcome: RunOutcome, scenario: LoadedScenario, names: list[st
         if name in rejected:
             continue
         dtype = spec.engine_dtype(name)
-        code = registry.describe(engine.engine).sampling_code(engine.options)
+        code = scenario.description(name).sampling_code(engine.options)
         model_path = models.resolve(spec.model, dtype, str(scenario.path))
         # engines of one interpreter and sampling module share a process (three vLLM engines import vLLM once)
         job = jobs.setdefault((engine.python, code.module if code else name), SamplingJob(

@@ -17,6 +17,7 @@ from harness.render.html_parts import esc, svg_plot
 from harness.render.page import Page
 from harness.rundir.tables import read_parquet
 from harness.rundir.traces import Trace, row_chunks
+from harness.scenario.spec import LoadedScenario
 from harness.verdicts.family import Judged, Judging, VerdictFamily
 
 STATS = list(drift_rules.DriftStats.__dataclass_fields__)
@@ -40,6 +41,12 @@ def drift_rows(drift: pd.DataFrame) -> list[list[str]]:
              r.explanation] for r in drift.itertuples()]
 
 
+def measured(scenario: LoadedScenario) -> dict[str, str]:
+    """engine -> its baseline, for the engines of this run with a drift verdict."""
+    spec = scenario.spec
+    return {name: spec.drift_baseline(name) for name in spec.engines if spec.drift_baseline(name) in spec.engines}
+
+
 class DriftVerdicts(VerdictFamily):
     name = "drift"
     table = "drift.parquet"
@@ -48,8 +55,6 @@ class DriftVerdicts(VerdictFamily):
     anchor = "drift"
 
     def judge(self, judging: Judging) -> Judged:
-        from harness.run.drift_passes import measured
-
         if judging.interrupted:
             return Judged(pd.DataFrame())
         rows, tokens = [], []

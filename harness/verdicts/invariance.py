@@ -72,7 +72,7 @@ def _expected(row: InvarianceRow, identical: list[str]) -> bool:
 
 def _unsupported(scenario: LoadedScenario, check: Check) -> str:
     engine = scenario.spec.engines[check.engine]
-    requirement = registry.describe(engine.engine).requirement
+    requirement = scenario.description(check.engine).requirement
     version = registry.installed_version(requirement, engine.python) or "not installed"
     return f"{engine.engine} ({requirement.distribution} {version}): {check.unsupported}"
 

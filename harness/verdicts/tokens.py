@@ -13,6 +13,7 @@ from harness.render import markdown
 from harness.render.console import print_table
 from harness.render.html_parts import esc, svg_plot
 from harness.render.page import Page
+from harness.rundir import layout
 from harness.verdicts.family import Judged, Judging, VerdictFamily
 
 VERDICT_STYLE = {"match": "green", "benign_tie": "yellow", "diverged": "red", "hazard": "bold red",
@@ -27,7 +28,7 @@ def verdict_rows(verdicts: pd.DataFrame) -> list[list[str]]:
 
 class TokenVerdicts(VerdictFamily):
     name = "tokens"
-    table = "verdicts.parquet"
+    table = layout.VERDICTS
     columns = VERDICT_TYPES
     title = "Verdicts"
     anchor = "verdicts"

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from adapters.engines.llamacpp import translate
-from adapters.engines.llamacpp_gguf import gguf_name, hf_layout, hparams, rope_layout, writer_for
+from adapters.engines.llamacpp_gguf import gguf_name, hparams, rope_layout, writer_for
 from adapters.engines.llamacpp_server import echo_positions
 from adapters.http.client import translate as request_body
 from adapters.http.dialect_check import schema_problems
 from adapters.http.dialects import DIALECTS
 from adapters.http.token_ids import TokenResolver, TokenTable
-from adapters.tracing.ggml_graph import GGML_LLAMA, GGML_QWEN2
+from adapters.tracing.ggml_graph import GGML_LLAMA, GGML_QWEN2, hf_layout
 from harness.core.vocabulary import SamplingParams
 
 

@@ -81,6 +81,7 @@ class ServedEngine(OpenAIEngine):
 
     Options: ClassVar[type[ServedOptions]] = ServedOptions
     DIALECT: ClassVar[str]
+    options: ServedOptions  # an instance of the subclass's Options
 
     def __init__(self, setup: EngineSetup):
         self.name, self.options = setup.name, self.Options(**setup.options)
