@@ -56,6 +56,20 @@ def write_scenario(path: Path, text: str) -> Path:
     return path
 
 
+
+def fake_distribution(site: Path, module: str, source: str, entry_points: dict[str, dict[str, str]]) -> None:
+    """An installed package as importlib.metadata sees it, in `site` (put it on sys.path): the module `module` with
+    `source`, and a .dist-info declaring entry points ({group: {name: "module:attribute"}})."""
+    (site / module).mkdir(parents=True)
+    (site / module / "__init__.py").write_text(source)
+    info = site / f"{module}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in points.items())
+        for group, points in entry_points.items()))
+
+
 def start_parity_run(scenario: Path, out: Path, *args: str) -> subprocess.Popen:
     """`parity run` in the background, for tests that kill or interrupt something mid-run. Its SIGINT disposition is
     the default whatever this process inherited: a suite started as a background job of a non-interactive shell

@@ -13,7 +13,7 @@ from adapters import registry
 from adapters.contract import EngineDescription
 from harness.core.errors import ConfigError
 
-from helpers import ROOT
+from helpers import ROOT, fake_distribution
 
 BUILTIN = {"hf", "vllm", "vllm-server", "openai", "lmdeploy", "lmdeploy-server", "llama.cpp", "llama.cpp-server"}
 
@@ -80,9 +80,7 @@ def test_no_module_outside_the_engines_compares_engine_names() -> None:
 
 def test_a_plugin_registered_through_the_entry_point_is_listed(tmp_path, monkeypatch) -> None:
     """A distribution on sys.path that declares llm_parity.engines is loaded; one that fails is listed as broken."""
-    package = tmp_path / "toy_plugin"
-    package.mkdir()
-    (package / "__init__.py").write_text(textwrap.dedent('''
+    fake_distribution(tmp_path, "toy_plugin", textwrap.dedent('''
         from adapters.contract import EngineDescription, EngineOptions, Requirement
 
         class Engine:
@@ -90,12 +88,7 @@ def test_a_plugin_registered_through_the_entry_point_is_listed(tmp_path, monkeyp
 
         DESCRIPTION = EngineDescription(name="toy", summary="a toy", engine=Engine, options=EngineOptions,
                                         requirement=Requirement(module="toy_plugin", distribution="toy-plugin"))
-        '''))
-    info = tmp_path / "toy_plugin-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-plugin\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[llm_parity.engines]\ntoy = toy_plugin:DESCRIPTION\n"
-                                           "broken = toy_plugin:NOTHING\n")
+        '''), {"llm_parity.engines": {"toy": "toy_plugin:DESCRIPTION", "broken": "toy_plugin:NOTHING"}})
     monkeypatch.syspath_prepend(str(tmp_path))
     registry._load.cache_clear()
     try:

@@ -25,7 +25,7 @@ from harness.rundir.tables import results_frame, steps_frame, write_parquet
 from harness.scenario.spec import load
 from harness.verdicts.family import FAMILIES, Judged, Judging, VerdictFamily, families
 
-from helpers import write_scenario
+from helpers import fake_distribution, write_scenario
 
 SCENARIO = """\
 model: tiny-llama
@@ -135,16 +135,12 @@ def test_a_report_section_in_one_module_is_shown_in_the_html_report(tmp_path: Pa
 def test_a_family_from_an_installed_package_joins_and_a_broken_one_is_set_aside(tmp_path: Path,
                                                                                  monkeypatch) -> None:
     """Entry points as an installed package declares them (a .dist-info folder on sys.path)."""
-    package = tmp_path / "site"
-    (package / "parity_length_family").mkdir(parents=True)
-    (package / "parity_length_family" / "__init__.py").write_text(
-        "import sys\nFAMILY = sys.modules['test_verdict_families'].LengthVerdicts()\nNOT_A_FAMILY = 42\n")
-    info = package / "parity_length_family-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: parity-length-family\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[llm_parity.verdict_families]\nlength = parity_length_family:FAMILY\n"
-                                           "broken = parity_length_family:NOT_A_FAMILY\n")
-    monkeypatch.syspath_prepend(str(package))
+    site = tmp_path / "site"
+    fake_distribution(site, "parity_length_family",
+                      "import sys\nFAMILY = sys.modules['test_verdict_families'].LengthVerdicts()\nNOT_A_FAMILY = 42\n",
+                      {"llm_parity.verdict_families": {"length": "parity_length_family:FAMILY",
+                                                       "broken": "parity_length_family:NOT_A_FAMILY"}})
+    monkeypatch.syspath_prepend(str(site))
     registry = type(FAMILIES)(VerdictFamily, FAMILIES.builtin_paths, FAMILIES.group, FAMILIES.name_of,
                               FAMILIES.check)
     assert [f.name for f in registry.all()] == ["tokens", "invariance", "drift", "length"]
