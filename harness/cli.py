@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import functools
 import gc
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -23,6 +24,19 @@ from harness.render.console import console, err_console
 # (pandas, pyarrow, a run's tables) are handed to the OS instead of being traversed by the interpreter's final
 # collection: 0.13-0.25 s less at the end of a `parity run`, 0.05 s of a `validate` (measured on this 2-core machine).
 atexit.register(gc.freeze)
+
+
+def _quiet_third_parties() -> None:
+    """Keep output the project did not write out of every command's console: tqdm bars (transformers converting a
+    GGUF and writing shards when a model is prepared; a single line of carriage returns when piped) and the
+    "nanobind: leaked ..." report triton's extension prints at interpreter exit. triton is imported only because
+    torch's compiler modules, which transformers loads with a model, look whether it is installed; nothing in this
+    process runs it (engines run in worker processes, which import what they need)."""
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    sys.modules.setdefault("triton", None)  # `import triton` raises ImportError here: torch reads "not installed"
+
+
+_quiet_third_parties()
 
 
 def _error(message: str) -> None:

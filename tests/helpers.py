@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -40,13 +41,26 @@ class ParityRun:
         return json.loads((self.run_dir / "run.json").read_text())
 
 
-def parity(*args: str, out: Path | None = None, timeout: float = 900) -> ParityRun:
-    """Run `python -m harness ARGS` (with --out for runs) and return its exit code, output and run directory."""
+# Output no command of the project writes: a traceback, triton's "nanobind: leaked ..." report at exit, a tqdm bar
+# (its carriage returns read as line ends here), a Python warning
+FOREIGN = re.compile(r"Traceback \(most recent call last\)|nanobind|leaked (instance|type|function)|\d+%\|.*\||"
+                     r"\d+(\.\d+)?(it/s|s/it)\]|\w+Warning: ")
+
+
+def foreign_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if FOREIGN.search(line)]
+
+
+def parity(*args: str, out: Path | None = None, timeout: float = 900, env: dict[str, str] | None = None) -> ParityRun:
+    """Run `python -m harness ARGS` (with --out for runs) and return its exit code, output and run directory. Every
+    line it prints must be the project's own (a quiet console): any foreign line fails the test."""
     cmd = [sys.executable, "-m", "harness", *args]
     if out is not None:
         cmd += ["--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "COLUMNS": "200"})
+                          env={**os.environ, "COLUMNS": "200", **(env or {})})
+    foreign = foreign_lines(proc.stdout + proc.stderr)
+    assert not foreign, f"parity {' '.join(args)} printed lines the project did not write: {foreign[:5]}"
     run_dirs = sorted(out.iterdir()) if out is not None and out.exists() else []
     return ParityRun(proc.returncode, proc.stdout, proc.stderr, run_dirs[-1] if run_dirs else None)
 
@@ -54,7 +68,6 @@ def parity(*args: str, out: Path | None = None, timeout: float = 900) -> ParityR
 def write_scenario(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
-
 
 
 def fake_distribution(site: Path, module: str, source: str, entry_points: dict[str, dict[str, str]]) -> None:

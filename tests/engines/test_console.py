@@ -1,0 +1,18 @@
+"""A quiet console: `parity models prepare` on an empty cache (transformers converting SmolLM2's GGUF and writing
+shards, torch's compiler modules importing triton) prints only the project's lines, one per model and engine. Every
+other `parity` subprocess of the suite is held to the same rule by tests/helpers.py's parity()."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers import foreign_lines, parity
+
+
+def test_models_prepare_on_an_empty_cache_prints_only_its_own_lines(tmp_path: Path) -> None:
+    run = parity("models", "prepare", "tiny-llama", env={"LLM_PARITY_CACHE": str(tmp_path / "cache")})
+    assert run.code == 0, run.stderr[-2000:]
+    assert run.stderr == "" and foreign_lines(run.stdout) == []
+    assert run.stdout.splitlines() == [
+        f"tiny-llama: prepared at {tmp_path / 'cache' / 'models' / 'tiny-llama'}",
+        f"  llama.cpp: GGUF variants f32, f16, q8_0, q4_k_m in {tmp_path / 'cache' / 'models' / 'tiny-llama' / 'gguf'}"]
