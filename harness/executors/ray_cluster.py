@@ -162,12 +162,12 @@ class RayWorker:
                       "resources": str(plan.resources), "placed_after_s": round(waited, 3)})
 
     def send(self, message: dict[str, Any]) -> None:
-        gone = self._call(self.actor.send.remote(message), CALL_SLACK)
+        gone = self._call(self._live().send.remote(message), CALL_SLACK)
         if gone:
             raise WorkerGone(gone)
 
     def receive(self, timeout: float) -> dict[str, Any]:
-        message = self._call(self.actor.receive.remote(timeout), timeout + CALL_SLACK)
+        message = self._call(self._live().receive.remote(timeout), timeout + CALL_SLACK)
         if message["event"] == GONE:
             raise WorkerGone(message["error"])
         if message["event"] == TIMEOUT:
@@ -175,6 +175,14 @@ class RayWorker:
         if message["event"] == "result" and message["result"].get("path"):
             message["result"]["path"] = str(self._fetch(message["result"]["path"]))
         return message
+
+    def _live(self) -> Any:
+        """The actor, or WorkerGone once it was killed: a Ctrl-C kills actors from the main thread while an engine's
+        thread may be between two calls to its actor."""
+        actor = self.actor
+        if actor is None:
+            raise WorkerGone("the actor was stopped (the run was interrupted)")
+        return actor
 
     def stop(self, grace: float = 30.0) -> None:
         if self.actor is None:  # killed already
@@ -224,7 +232,7 @@ class RayWorker:
         with open(target, "ab" if append else "wb") as out:
             offset = 0
             while True:
-                piece = self._call(self.actor.read.remote(node_path, offset, CHUNK), CALL_SLACK)
+                piece = self._call(self._live().read.remote(node_path, offset, CHUNK), CALL_SLACK)
                 out.write(piece)
                 offset += len(piece)
                 if len(piece) < CHUNK:
