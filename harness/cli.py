@@ -165,7 +165,7 @@ def run(scenarios: Annotated[list[Path] | None, typer.Argument(help="scenario YA
                  "it started with: journaled results are reused, engine errors and missing cases run again")] = None,
         plan: Annotated[Path | None, typer.Option(
             help="run nothing: print the actors, their resources and a schedule on the cluster that this file "
-                 "describes, with wall time estimated from the per-case costs it gives (see README)")] = None
+                 "describes, with wall time estimated from the per-case costs it gives (see docs/ray.md)")] = None
         ) -> None:
     """Run scenario(s) through their engines and print a verdict table per scenario. Several scenarios run as one
     matrix: on Ray, all their engines at once as the cluster allows."""

@@ -3,7 +3,7 @@
 For every server: which params it honours (and under which request field), which it accepts but ignores, which
 it cannot receive at all, its defaults when a param is unset, whether it takes token-id prompts, and how (if at
 all) it returns token ids. Sources: ENGINE_NOTES.md (measured on vLLM 0.32 and read from lmdeploy 0.18 code) and
-each server's documented request schema. The README renders this table.
+each server's documented request schema. docs/engines-and-servers.md renders this table.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ CANONICAL_PARAMS = tuple(n for n in names() if n != "do_sample")  # do_sample is
 
 
 def markdown_table() -> str:
-    """The dialect table as Markdown (for the README)."""
+    """The dialect table as Markdown (for docs/engines-and-servers.md)."""
     header = "| param | " + " | ".join(DIALECTS) + " |\n|---|" + "---|" * len(DIALECTS) + "\n"
     rows = []
     for param in CANONICAL_PARAMS:

@@ -2,7 +2,7 @@
 
 Each param is one field of SamplingParams, and its field carries a ParamInfo: its group, the value that means "no
 effect", whether greedy decoding ignores it, and the OpenAI request field that carries it. Every list elsewhere (the
-adapters' translations, the effective-params table, transplant ablations, dialect tables, the README) is derived from
+adapters' translations, the effective-params table, transplant ablations, dialect tables, the docs) is derived from
 these fields through the helpers at the bottom of this module.
 """
 
