@@ -188,7 +188,7 @@ class RayWorker:
         if self.actor is None:  # killed already
             return
         try:
-            self._call(self.actor.stop.remote(grace), grace + CALL_SLACK)
+            self._call(self._live().stop.remote(grace), grace + CALL_SLACK)
             self._collect()
         except (WorkerGone, WorkerTimeout):
             pass
@@ -201,7 +201,7 @@ class RayWorker:
         self.killed = True
         if self.actor is not None and not self.in_call:
             try:
-                self._call(self.actor.kill_worker.remote(), 20.0)
+                self._call(self._live().kill_worker.remote(), 20.0)
                 self._collect()
             except (WorkerGone, WorkerTimeout):
                 pass
@@ -219,7 +219,7 @@ class RayWorker:
             if self._pid is not None:
                 self._copy(str(self.scratch / "engine" / "worker.log"), self.plan.workdir / "worker.log", append=True)
         finally:
-            self._call(self.actor.cleanup.remote(), CALL_SLACK)
+            self._call(self._live().cleanup.remote(), CALL_SLACK)
 
     def _fetch(self, node_path: str) -> Path:
         """A trace the worker wrote on its node, copied to the same place under the run directory."""
