@@ -107,6 +107,8 @@ class EngineDescription:
     # model folder -> what the engine built from it once (its own weight files), for `parity models prepare`; run
     # where the engine's package is installed, returns one line saying what was built or why nothing was
     prepare: Callable[[Path], str] | None = None
+    # options -> why this configuration has no beam search although the engine has one (None: it has it)
+    beam_refusal: Callable[[Any], str | None] | None = None
 
     @property
     def factory(self) -> str:
@@ -118,6 +120,12 @@ class EngineDescription:
 
     def sampling_code(self, options: dict[str, Any]) -> SamplingCode | None:
         return self.sampling(self.parse_options(options)) if self.sampling else None
+
+    def no_beam_search(self, options: dict[str, Any]) -> str | None:
+        """Why this engine, configured so, cannot search beams; None when it can."""
+        if not self.capabilities.beam_search:
+            return "has no beam search"
+        return self.beam_refusal(self.parse_options(options)) if self.beam_refusal else None
 
     def dialect_name(self, options: dict[str, Any]) -> str | None:
         return self.dialect(self.parse_options(options)) if self.dialect else None

@@ -62,7 +62,33 @@ def parity(*args: str, out: Path | None = None, timeout: float = 900, env: dict[
     foreign = foreign_lines(proc.stdout + proc.stderr)
     assert not foreign, f"parity {' '.join(args)} printed lines the project did not write: {foreign[:5]}"
     run_dirs = sorted(out.iterdir()) if out is not None and out.exists() else []
-    return ParityRun(proc.returncode, proc.stdout, proc.stderr, run_dirs[-1] if run_dirs else None)
+    run = ParityRun(proc.returncode, proc.stdout, proc.stderr, run_dirs[-1] if run_dirs else None)
+    explained = run.run_dir or (Path(args[1]) if len(args) > 1 and Path(args[1]).is_dir() else None)
+    if args[0] == "explain" and explained is not None:
+        disagree = explain_disagreements(explained)
+        assert not disagree, f"parity {' '.join(args)}: run and explain disagree: {disagree[:5]}"
+    return run
+
+
+def explain_disagreements(run_dir: Path) -> list[str]:
+    """Cases where `parity explain` and the run's verdict disagree: a case the run judged apart that explain finds
+    no cause for, or beams the run matched that explain finds a cause for. Every explain of the suite is held to it."""
+    verdicts_file, explain_dir = run_dir / "verdicts.parquet", run_dir / "explain"
+    if not verdicts_file.exists() or not explain_dir.exists():
+        return []
+    verdicts = pd.read_parquet(verdicts_file).set_index(["case_id", "engine"])["verdict"]
+    explained = []
+    for name, key, beams in (("localisation.json", "localisations", False), ("beams.json", "explanations", True)):
+        if (explain_dir / name).exists():
+            explained += [(e, beams) for e in json.loads((explain_dir / name).read_text())[key]]
+    found = []
+    for e, beams in explained:
+        run = verdicts.get((e["case_id"], e["engine"]))
+        if run is None or e["cause"] in ("failed", "no_trace"):
+            continue
+        if (run != "match" and e["cause"] == "none") or (beams and run == "match" and e["cause"] != "none"):
+            found.append(f"{e['case_id']} [{e['engine']}]: run {run}, explain {e['cause']}: {e['verdict'][:200]}")
+    return found
 
 
 def write_scenario(path: Path, text: str) -> Path:

@@ -252,7 +252,8 @@ class Engine:
 DESCRIPTION = EngineDescription(
     name="openai", summary="any OpenAI-compatible server by base URL (dialects: " + ", ".join(DIALECTS) + ")",
     engine=Engine, options=Options, requirement=Requirement(module="httpx", distribution="httpx"),
-    capabilities=Capabilities(server=True, http_only_client=True),
+    capabilities=Capabilities(server=True, http_only_client=True, beam_search=True),
+    beam_refusal=lambda options: beam_requests.refusal(DIALECTS[options.dialect]),
     sampling=lambda options: DIALECTS[options.dialect].sampling_code(options.defaults),
     dialect=lambda options: options.dialect, knobs=lambda name, options: attached_knobs(name, options))
 

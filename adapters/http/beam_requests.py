@@ -13,6 +13,18 @@ from adapters.http.dialects import Dialect
 from harness.core.types import Beam, Request, Result, Translation
 from harness.core.vocabulary import GREEDY_IRRELEVANT, SamplingParams
 
+NO_SCORE = ("no final beam scores: the {dialect} server returns none and this client does not compute them (the "
+            "vllm-server engine, attached by url, computes vLLM's own): its beams are compared by tokens, rank and "
+            "cumulative logprob")
+
+
+def refusal(dialect: Dialect) -> str | None:
+    """Why a server of this dialect cannot be asked for beam search (None: it can)."""
+    if dialect.beam_fields:
+        return None
+    return (f"cannot search beams through the {dialect.name} dialect: the only server with a beam-search request is "
+            "vLLM's (dialect: vllm)")
+
 
 def translate(params: SamplingParams, dialect: Dialect, top_logprobs: int) -> Translation:
     """The beam-search request fields, and a NOT APPLIED warning for every param the server's search ignores."""
@@ -62,6 +74,8 @@ def complete(engine: Any, request: Request) -> Result:
                   score=engine.beam_score(r.prompt_ids, r.token_ids, sum(r.chosen_logprobs), body),
                   finish_reason=r.finish_reason, text=r.text) for r in ranked]
     warnings = list(dict.fromkeys(w for r in ranked for w in r.warnings))
+    if all(b.score is None for b in beams):
+        warnings.append(NO_SCORE.format(dialect=engine.dialect.name))
     if engine.client.stream:
         warnings.append("stream: true not used: beam-search answers come whole (vLLM refuses to stream them)")
     return ranked[0].model_copy(update={  # per-step logprobs live in the beams (beams.parquet), as for every engine

@@ -45,6 +45,15 @@ class BeamComparison:
     def scores_within(self, tolerance: float) -> bool:
         return all(d <= tolerance for d in self.cum_deltas + self.score_deltas)
 
+    def matches(self, tolerance: float) -> bool:
+        """The verdict's rule: the same best beam, the same beam set, and their scores within the tolerance."""
+        return self.best_identical and self.set_identical and self.scores_within(tolerance)
+
+
+def beam_tolerance(scenario: LoadedScenario, engine: str) -> float:
+    """The largest |delta| of a shared beam's cumulative logprob or score that still matches, for one engine."""
+    return scenario.spec.engine_expectation(engine).max_logprob_delta or DEFAULT_LOGPROB_TOLERANCE
+
 
 def first_difference(a: list[int], b: list[int]) -> int:
     """The first step where two token sequences differ (the shorter one's end counts); -1 if identical."""
@@ -127,7 +136,7 @@ def judge_beams(scenario: LoadedScenario, results: dict[tuple[str, str], Result]
         if engine == ref_name:
             continue
         expectation = spec.engine_expectation(engine)
-        tolerance = expectation.max_logprob_delta or DEFAULT_LOGPROB_TOLERANCE
+        tolerance = beam_tolerance(scenario, engine)
         for case in scenario.cases:
             ref, other = results.get((ref_name, case.case_id)), results.get((engine, case.case_id))
             row = {"case_id": case.case_id, "engine": engine, "reference": ref_name}
@@ -138,8 +147,7 @@ def judge_beams(scenario: LoadedScenario, results: dict[tuple[str, str], Result]
                     f"{r.engine}: {r.error or 'returned no beams'}" for r in failed)})
                 continue
             c = compare_beams(ref.beams, other.beams, case.engine_params[ref_name].beams_returned)
-            matched = c.best_identical and c.set_identical and c.scores_within(tolerance)
-            verdict = "match" if matched else "diverged"
+            verdict = "match" if c.matches(tolerance) else "diverged"
             given = param_differences(case.engine_params[ref_name], case.engine_params[engine])
             text = "; ".join(t for t in (describe(c, ref, other, tolerance, decode), explain_differences(given),
                                          effective_note(ref, other, set(given))) if t)

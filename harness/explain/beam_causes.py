@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from harness.compare.beam_rules import first_difference
+from harness.compare.beam_rules import compare_beams, first_difference
 from harness.core.types import Beam
 
 Cause = Literal["none", "rules", "numerics", "both", "failed"]
@@ -122,18 +122,62 @@ def loops_differ(ref: str, engine: str, loop_ref: LoopRun, loop: LoopRun, n: int
     return f"{head}: " + "; ".join(notes), step
 
 
+def implied_length(beam: Beam, length_penalty: float) -> float | None:
+    """The length an engine divided a beam's cumulative logprob by, read back from its score:
+    score = cum_logprob / length ** length_penalty."""
+    if not length_penalty or beam.score is None or not beam.score or beam.cum_logprob / beam.score <= 0:
+        return None
+    return (beam.cum_logprob / beam.score) ** (1 / length_penalty)
+
+
+def _same(n: int) -> str:
+    return "the same best beam" if n == 1 else f"the same {n} beams in the same order"
+
+
+def same_beams_scored_apart(ref: str, engine: str, real_ref: list[Beam], real: list[Beam], n: int, tolerance: float,
+                            length_penalty: float, decode: Decode, settings: str) -> tuple[Cause, str]:
+    """The engines return the same beams in the same order, and the run still judged them apart: their scores.
+    Equal cumulative logprobs with different final scores are the scoring rule (the length each divides by)."""
+    c = compare_beams(real_ref, real, n)
+    worst_cum = max(c.shared, key=lambda pair: abs(pair[0].cum_logprob - pair[1].cum_logprob))
+    if c.max_cum_delta > tolerance:
+        a, b = worst_cum
+        return "numerics", (
+            f"the engines return {_same(c.compared)}, and their cumulative logprobs differ "
+            f"by up to {c.max_cum_delta:.4g} (beyond {tolerance:g}; e.g. {_beam(a, decode, real_ref.index(a))}: "
+            f"{ref} {a.cum_logprob:.6g}, {engine} {b.cum_logprob:.6g}): the numbers make the difference")
+    a, b = max(c.shared, key=lambda pair: abs((pair[0].score or 0) - (pair[1].score or 0)))
+    lengths = [implied_length(x, length_penalty) for x in (a, b)]
+    rule = (f": {ref} divides its cumulative logprob by {lengths[0]:.4g} ** {length_penalty:g}, {engine} by "
+            f"{lengths[1]:.4g} ** {length_penalty:g} (for {len(a.token_ids)} generated tokens)"
+            if None not in lengths else "")
+    return "rules", (
+        f"the engines return {_same(c.compared)} with the same cumulative logprobs (max "
+        f"|delta| {c.max_cum_delta:.3g}) and score them apart by up to {c.max_score_delta:.4g} (beyond {tolerance:g}): "
+        f"{decode(a.token_ids)[-40:]!r} scores {a.score:.6g} in {ref} and {b.score:.6g} in {engine}, both from "
+        f"cumulative logprob {a.cum_logprob:.6g}{rule}: the length normalisation of the score makes the difference"
+        f"{settings}")
+
+
 def explain_case(case_id: str, ref: str, engine: str, real_ref: list[Beam], real: list[Beam], loop_ref: LoopRun,
-                 loop: LoopRun, n: int, decode: Decode, rules: str = "") -> BeamExplanation:
-    """The cause of a beam difference between the reference and one engine on one case. rules: how the engines'
-    search settings differ, as their own code states them (effective params), cited when the rules part them."""
+                 loop: LoopRun, n: int, decode: Decode, *, tolerance: float, length_penalty: float,
+                 rules: str = "") -> BeamExplanation:
+    """The cause of a beam difference between the reference and one engine on one case, judged by the run's own rule
+    (harness.compare.beam_rules: same beams, scores within `tolerance`). rules: how the engines' search settings
+    differ, as their own code states them (effective params), cited when the rules part them."""
     loops = {ref: [list(t) for t in ranked(loop_ref.beams, n)], engine: [list(t) for t in ranked(loop.beams, n)]}
     reproduces = ranked(loop.beams, n) == ranked(real, n)
     ref_reproduces = ranked(loop_ref.beams, n) == ranked(real_ref, n)
     base = {"case_id": case_id, "engine": engine, "reference": ref, "loops": loops,
             "reproduces": {ref: ref_reproduces, engine: reproduces}}
-    if ranked(real_ref, n) == ranked(real, n):
-        return BeamExplanation(**base, cause="none", verdict="the engines return the same beams")
     settings = f"; their search settings differ ({rules})" if rules else ""
+    if compare_beams(real_ref, real, n).matches(tolerance):
+        return BeamExplanation(**base, cause="none", verdict="the engines return the same beams, their scores within "
+                               f"{tolerance:g}")
+    if ranked(real_ref, n) == ranked(real, n):
+        cause, verdict = same_beams_scored_apart(ref, engine, real_ref, real, n, tolerance, length_penalty, decode,
+                                                 settings)
+        return BeamExplanation(**base, cause=cause, verdict=verdict)
     loops_agree = ranked(loop_ref.beams, n) == ranked(loop.beams, n)
     gap = numbers_gap(real[:n], loop.real_logprobs)
     numbers = (f"{engine}'s own logprobs of its beams' tokens differ from the reference model's by up to "

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness import models
-from harness.compare.beam_rules import beam_cases
+from harness.compare.beam_rules import beam_cases, beam_tolerance
 from harness.core.types import BEAM_EFFECTIVE, Beam, Effective
 from harness.explain.beam_causes import BeamExplanation, LoopRun, explain_case
 from harness.run.outcome import RunOutcome
@@ -109,7 +109,8 @@ def explain_beams(outcome: RunOutcome, cases: list[str]) -> BeamExplainOutcome:
     effective = _effective(run_dir)
     explanations = []
     for case_id in cases:
-        n = by_id[case_id].engine_params[ref].beams_returned
+        params = by_id[case_id].engine_params[ref]
+        n = params.beams_returned
         for name in spec.engines:
             if name == ref:
                 continue
@@ -122,7 +123,10 @@ def explain_beams(outcome: RunOutcome, cases: list[str]) -> BeamExplainOutcome:
                                                     verdict=f"not explained: {reason}"))
                 continue
             explanations.append(explain_case(case_id, ref, name, real[(ref, case_id)], real[(name, case_id)],
-                                             runs[0], runs[1], n, decode, _rules(effective, ref, name, case_id)))
+                                             runs[0], runs[1], n, decode, tolerance=beam_tolerance(scenario, name),
+                                             length_penalty=1.0 if params.length_penalty is None
+                                             else params.length_penalty,
+                                             rules=_rules(effective, ref, name, case_id)))
     out = run_dir / "explain"
     out.mkdir(exist_ok=True)
     write_json(out / "beams.json", {"oracle": f"{spec.model} in {spec.engine_dtype(ref)} (transformers)",

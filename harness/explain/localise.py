@@ -4,7 +4,8 @@ engines' computations part, which component that implicates, and why the tokens 
 Candidate causes, checked in this order: prompt/tokenisation (prompt ids differ), numerical hazard (inf/NaN), the
 first capture point that leaves the noise floor (fused projection, attention kernel, rope, MLP, norm, ...), sampler
 or penalty semantics (logits agree within noise but tokens differ), a near-tie (both within noise, the top-2 logits
-of the two engines rank the tokens differently by a hair), or no difference at all.
+of the two engines rank the tokens differently by a hair), an ending (the same tokens, one engine stops sooner), or
+no difference at all.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class Localisation(BaseModel):
     case_id: str
     engine: str
     reference: str
-    cause: str  # prompt | hazard | component | sampler | near_tie | none | no_trace | untraced
+    cause: str  # prompt | hazard | component | sampler | near_tie | ending | none | no_trace | untraced
     verdict: str
     first_step: int | None = None
     divergence: dict[str, Any] | None = None
@@ -99,8 +100,9 @@ def error_curve(points: pd.DataFrame) -> list[dict[str, Any]]:
 
 def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str, prompt_equal: bool,
              divergence: Divergence | None, nonfinite: dict[str, dict[str, int]], fused: dict[str, set[str]],
-             param_note: str, k: float, decode: Decode) -> Localisation:
-    """points: against_floor() output for this engine vs the reference, in forward order."""
+             param_note: str, k: float, decode: Decode, ending: str = "") -> Localisation:
+    """points: against_floor() output for this engine vs the reference, in forward order. ending: how the engines
+    stop at different steps when the run judged them apart with no differing token to look at."""
     base = dict(case_id=case_id, engine=engine, reference=reference,
                 first_step=divergence.step if divergence else None,
                 divergence=divergence.model_dump() if divergence else None, curve=error_curve(points))
@@ -141,6 +143,8 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
     first = base.get("first_difference")
     drift = (f"; the engines first differ at {_where(first['point'])} ({COMPONENT.get(parse(first['point'])[1])})"
              if first else "; the engines' activations are bit-identical")
+    if divergence is None and ending:
+        return Localisation(cause="ending", verdict=f"{ending}; {within}{drift}", **base)
     if divergence is None:
         return Localisation(cause="none", verdict=f"no divergence: {within}{drift}", **base)
     if divergence.picked_after_logits:

@@ -252,7 +252,23 @@ def _explain_engine(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFr
         results.loc[(name, request.case_id)]["prompt_ids"]) if (name, request.case_id) in results.index else True
     param_note = explain_differences(param_differences(case.engine_params[ref], case.engine_params[name]))
     nonfinite = {r.engine: r.nonfinite for r in (ref_result, result) if r.nonfinite}
+    ending = _ending(results, ref, name, request.case_id, verdict) if divergence is None else ""
     loc = localise(points, case_id=request.case_id, engine=name, reference=ref, prompt_equal=prompt_equal,
                    divergence=divergence, nonfinite=nonfinite, fused={ref: ref_trace.fused, name: trace.fused},
-                   param_note=param_note, k=k, decode=decode)
+                   param_note=param_note, k=k, decode=decode, ending=ending)
     return loc, frame, points
+
+
+def _ending(results: pd.DataFrame, ref: str, name: str, case_id: str, verdict: pd.Series) -> str:
+    """The run judged the case apart with no token step to compare: the engines agree token for token up to where
+    one of them stops. How each ended, in words ('' when the run saw no difference)."""
+    if verdict["verdict"] == "match" or (name, case_id) not in results.index:
+        return ""
+    ends = {who: results.loc[(who, case_id)] for who in (ref, name)}
+    lengths = {who: len(row["token_ids"]) for who, row in ends.items()}
+    if lengths[ref] == lengths[name]:
+        return ""
+    how = ", ".join(f"{who} after {lengths[who]} tokens (finish reason {row['finish_reason'] or 'unknown'!s})"
+                    for who, row in ends.items())
+    return (f"the generated tokens agree for the first {min(lengths.values())} steps and the engines stop at "
+            f"different steps: {how}")

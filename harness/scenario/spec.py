@@ -404,10 +404,11 @@ def _incapable(source: YamlSource, spec: Scenario, cases: list[Case],
     beam_cases = [c.case_id for c in cases if any(p.num_beams for p in c.engine_params.values())]
     found = {}
     for name, engine in spec.engines.items():
-        if beam_cases and not descriptions[name].capabilities.beam_search:
+        why = descriptions[name].no_beam_search(engine.options) if beam_cases else None
+        if why:
             able = [n for n, d in registry.descriptions().items() if d.capabilities.beam_search]
             found[name] = source.error(_beam_key(spec, name), (
-                f"engine {name} ({engine.engine}) has no beam search, and case(s) {', '.join(beam_cases[:3])} ask "
+                f"engine {name} ({engine.engine}) {why}, and case(s) {', '.join(beam_cases[:3])} ask "
                 f"for it: drop the engine, run it with --allow-missing to skip it, or use one that has it "
                 f"({', '.join(able)})")).message
     return found

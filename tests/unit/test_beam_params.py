@@ -63,8 +63,21 @@ def test_an_engine_without_beam_search_fails_validation_with_the_reason(tmp_path
     run = parity_in_process("validate", str(path))
     assert run.code == 2, run.stdout
     assert run.stderr.startswith(f"error: {path}:10: params.num_beams: engine lmdeploy (lmdeploy) has no beam search")
-    assert "--allow-missing" in run.stderr and "(hf, vllm, vllm-server)" in run.stderr
+    assert "--allow-missing" in run.stderr and "(hf, vllm, vllm-server, openai)" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("dialect, refused", [("vllm", False), ("generic", True), ("lmdeploy", True),
+                                              ("llamacpp", True)])
+def test_an_attached_server_searches_beams_only_through_the_vllm_dialect(tmp_path: Path, dialect: str,
+                                                                          refused: bool) -> None:
+    text = WITH_LMDEPLOY.replace("{engine: lmdeploy}", "{engine: openai, options: {url: 'http://127.0.0.1:9', "
+                                 f"dialect: {dialect}}}}}").replace("lmdeploy:", "server:")
+    run = parity_in_process("validate", str(write_scenario(tmp_path / "beams.yaml", text)))
+    assert run.code == (2 if refused else 0), run.stderr
+    if refused:
+        assert f"engine server (openai) cannot search beams through the {dialect} dialect: the only server with a " \
+               "beam-search request is vLLM's (dialect: vllm)" in run.stderr
 
 
 def test_run_refuses_it_before_any_engine_starts_or_skips_it_with_allow_missing(tmp_path: Path) -> None:

@@ -132,6 +132,7 @@ STEPS = [[[]], [[5]], [[5, 6]], [[5, 6, 7], [5, 6, 9]]]
 HF_LOOP = LoopRun(REF, STEPS, [[-0.25] * 4, [-0.375] * 4, [-1.0] * 2])
 EOS_BEAM = beam([5, 6, EOS], -1.2)  # a finished beam one loop keeps and the other does not
 OTHER_RULES = [REF[0], EOS_BEAM, REF[1]]
+RULE = {"tolerance": 1e-3, "length_penalty": 1.0}  # the run's default beam tolerance; HF's and vLLM's default penalty
 
 
 def decode(ids: list[int]) -> str:
@@ -140,7 +141,8 @@ def decode(ids: list[int]) -> str:
 
 def test_rules_when_the_other_loop_on_the_same_numbers_reproduces_its_real_beams() -> None:
     loop = LoopRun(OTHER_RULES, STEPS, [[-0.25] * 4, [-0.4] * 3, [-0.375] * 4])
-    e = explain_case("a", "hf", "vllm", REF, OTHER_RULES, HF_LOOP, loop, 3, decode, "beam_length: hf x, vllm y")
+    e = explain_case("a", "hf", "vllm", REF, OTHER_RULES, HF_LOOP, loop, 3, decode, **RULE,
+                     rules="beam_length: hf x, vllm y")
     assert e.cause == "rules" and e.reproduces == {"hf": True, "vllm": True}
     assert e.step == 1  # the first finished beam only one loop returns ends there; the live beams never differ
     assert "keep the same beams alive at every step" in e.verdict
@@ -154,7 +156,7 @@ def test_rules_when_the_other_loop_on_the_same_numbers_reproduces_its_real_beams
 def test_numerics_when_both_loops_on_the_same_numbers_agree() -> None:
     drifted = [beam([5, 6, 9, 8], -1.4), beam([5, 6, 7, 8], -1.45), REF[2]]
     loop = LoopRun(REF, STEPS, [[-0.5] * 4, [-0.25] * 4, [-1.0] * 2])
-    e = explain_case("a", "hf", "vllm", REF, drifted, HF_LOOP, loop, 3, decode)
+    e = explain_case("a", "hf", "vllm", REF, drifted, HF_LOOP, loop, 3, decode, **RULE)
     assert e.cause == "numerics" and e.step == 2 and e.reproduces["vllm"] is False
     assert "return the same beams, so their rules do not part them here" in e.verdict
     assert "differ from the reference model's by up to 0.15" in e.verdict  # |-0.35 - -0.5|
@@ -164,12 +166,51 @@ def test_numerics_when_both_loops_on_the_same_numbers_agree() -> None:
 def test_both_when_neither_alone_explains_it() -> None:
     real = [beam([5, 6, 9, 8], -1.4), EOS_BEAM, REF[0]]
     loop = LoopRun(OTHER_RULES, STEPS, [[-0.3] * 4, [-0.4] * 3, [-0.25] * 4])
-    e = explain_case("a", "hf", "vllm", REF, real, HF_LOOP, loop, 3, decode)
+    e = explain_case("a", "hf", "vllm", REF, real, HF_LOOP, loop, 3, decode, **RULE)
     assert e.cause == "both" and "neither alone" in e.verdict and "disagree too" in e.verdict
 
 
 def test_no_cause_when_the_beams_agree() -> None:
-    assert explain_case("a", "hf", "vllm", REF, REF, HF_LOOP, HF_LOOP, 3, decode).cause == "none"
+    assert explain_case("a", "hf", "vllm", REF, REF, HF_LOOP, HF_LOOP, 3, decode, **RULE).cause == "none"
+
+
+def rescored(beams: list[Beam], length: int, cum_shift: float = 0.0) -> list[Beam]:
+    """The same beams, their cumulative logprobs shifted and their scores divided by `length` more tokens (vLLM's
+    prompt + generated length against HF's generated length)."""
+    return [b.model_copy(update={"cum_logprob": b.cum_logprob + cum_shift,
+                                 "score": (b.cum_logprob + cum_shift) / (len(b.token_ids) + length)}) for b in beams]
+
+
+HF_SCORED = [b.model_copy(update={"score": b.cum_logprob / len(b.token_ids)}) for b in REF]
+
+
+def test_same_beams_scored_by_another_length_are_the_rules_with_both_numbers() -> None:
+    vllm = rescored(REF, 5)
+    e = explain_case("a", "hf", "vllm", HF_SCORED, vllm, HF_LOOP, HF_LOOP, 3, decode, **RULE,
+                     rules="beam_length: hf generated, vllm prompt + generated")
+    assert e.cause == "rules", e.verdict
+    assert "the same 3 beams in the same order with the same cumulative logprobs" in e.verdict
+    assert "'<5><2>' scores -1 in hf and -0.285714 in vllm, both from cumulative logprob -2" in e.verdict
+    assert "hf divides its cumulative logprob by 2 ** 1, vllm by 7 ** 1" in e.verdict
+    assert "their search settings differ (beam_length: hf generated, vllm prompt + generated)" in e.verdict
+
+
+def test_same_beams_whose_cumulative_logprobs_differ_are_the_numbers() -> None:
+    e = explain_case("a", "hf", "vllm", HF_SCORED, rescored(REF, 0, cum_shift=0.01), HF_LOOP, HF_LOOP, 3, decode,
+                     **RULE)
+    assert e.cause == "numerics" and "cumulative logprobs differ by up to 0.01" in e.verdict, e.verdict
+
+
+@pytest.mark.parametrize("other", [REF, rescored(REF, 0, 1e-5), rescored(REF, 5), rescored(REF, 0, 0.01),
+                                   OTHER_RULES, [REF[1], REF[0], REF[2]], REF[:1] + [EOS_BEAM, REF[1]]],
+                         ids=["same", "within", "length", "cum", "set", "order", "best-kept"])
+def test_explain_names_a_cause_exactly_when_the_run_judges_the_beams_apart(scenario, other: list[Beam]) -> None:
+    """The run's verdict and explain's cause come from one rule: `none` for a match, a cause for every divergence."""
+    ref = HF_SCORED if other[0].score != other[0].cum_logprob else REF
+    run = judge_beams(scenario, {("ref", "a"): result("ref", ref), ("other", "a"): result("other", other)},
+                      lambda t: f"<{t}>").iloc[0]
+    e = explain_case("a", "ref", "other", ref, other, HF_LOOP, LoopRun(other, STEPS), 3, decode, **RULE)
+    assert (run.verdict == "match") == (e.cause == "none"), (run.explanation, e.verdict)
 
 
 def test_where_the_loops_live_beams_part() -> None:

@@ -80,3 +80,11 @@ def test_prompt_and_hazard_come_first() -> None:
     assert localised({"layers.0.v": 1.0}, prompt_equal=False)[0].cause == "prompt"
     loc, _ = localised({"layers.0.v": 1.0}, nonfinite={"e": {"layers.1.attn": 3}})
     assert loc.cause == "hazard" and "3 inf/NaN value(s), first at layer 1 attn" in loc.verdict
+
+
+def test_within_the_floor_an_engine_that_stops_sooner_is_an_ending_not_no_divergence() -> None:
+    """The run judged the case apart although no token differs (one engine stopped sooner): explain says so."""
+    ending = "the generated tokens agree for the first 3 steps and the engines stop at different steps: r after 3"
+    loc, _ = localised({"layers.0.q": 1e-9}, ending=ending)
+    assert loc.cause == "ending" and loc.verdict.startswith(ending)
+    assert localised({"layers.0.q": 1e-9})[0].cause == "none"
