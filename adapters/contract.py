@@ -107,6 +107,12 @@ class EngineDescription:
     # model folder -> what the engine built from it once (its own weight files), for `parity models prepare`; run
     # where the engine's package is installed, returns one line saying what was built or why nothing was
     prepare: Callable[[Path], str] | None = None
+    # cases sent to its worker in one call unless the scenario pins batch_size; None: every case at once (an engine
+    # with its own scheduler, which admits what its memory allows; a server client, which keeps its requests in flight)
+    batch_size: int | None = 8
+    # (model folder, options) -> the weights the engine runs, in words, where they are not the folder's own tensors
+    # (a GGUF file: its real tensor-type mix); for `parity params`
+    weights: Callable[[Path, Any], str | None] | None = None
     # options -> why this configuration has no beam search although the engine has one (None: it has it)
     beam_refusal: Callable[[Any], str | None] | None = None
 
@@ -120,6 +126,9 @@ class EngineDescription:
 
     def sampling_code(self, options: dict[str, Any]) -> SamplingCode | None:
         return self.sampling(self.parse_options(options)) if self.sampling else None
+
+    def weights_note(self, model_path: Path, options: dict[str, Any]) -> str | None:
+        return self.weights(model_path, self.parse_options(options)) if self.weights else None
 
     def no_beam_search(self, options: dict[str, Any]) -> str | None:
         """Why this engine, configured so, cannot search beams; None when it can."""

@@ -176,6 +176,7 @@ def transplant_and_print(scenario: LoadedScenario, out: Path, selection: Selecti
 
 
 def params_and_print(scenario: LoadedScenario, selection: Selection, all_rows: bool) -> int:
+    from harness import models
     from harness.plan.plans import select_engines, unavailable_engines
     from harness.semantics import effective
 
@@ -195,6 +196,11 @@ def params_and_print(scenario: LoadedScenario, selection: Selection, all_rows: b
             for note in e.notes:
                 console.print(f"  {name}: {note}", highlight=False, markup=False)
         rejected |= any(e.rejected for e in by_engine.values())
+    for name in names:  # the weights an engine runs where they are not the model folder's (a GGUF's real types)
+        model_path = models.resolve(scenario.spec.model, scenario.spec.engine_dtype(name), str(scenario.path))
+        weights = scenario.description(name).weights_note(model_path, scenario.spec.engines[name].options)
+        if weights:
+            console.print(f"  {name}: weights {weights}", highlight=False, markup=False)
     for name, reason in skipped.items():
         _note("skipped", f"{name}: {reason}")
     return 2 if rejected else 0

@@ -323,4 +323,5 @@ DESCRIPTION = EngineDescription(
     name="hf", summary="HF transformers generate() on CPU", engine=Engine, options=Options,
     requirement=Requirement(module="transformers", distribution="transformers"),
     capabilities=Capabilities(traces=True, samples=True, dtypes=(*DTYPES, "float64"), beam_search=True),
+    batch_size=16,  # generate() keeps every step's logits of the batch: 16 rows of SmolLM2 x 32 steps are 100 MB
     sampling=lambda options: SamplingCode("adapters.sampling.hf"), knobs=knobs)

@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -22,6 +23,7 @@ from pydantic import Field, field_validator
 
 from adapters.contract import Capabilities, EngineDescription, EngineOptions, Requirement, SamplingCode, greedy_ignored
 from adapters.engines import llamacpp_gguf
+from adapters.engines.gguf_tensors import describe
 from harness.core.numeric import log_softmax
 from harness.core.types import EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
 from harness.core.vocabulary import SamplingParams
@@ -154,7 +156,8 @@ class Engine:
         from adapters.engines.served import installed_version
 
         return {"llama-cpp-python": installed_version("llama-cpp-python"), "gguf": os.path.basename(self.path),
-                "weights": self._file_type(), "kv_cache": self.options.kv_cache,
+                "weights": self._file_type(), "tensor_types": describe(Path(self.path)),
+                "kv_cache": self.options.kv_cache,
                 "extra_buffers": "on" if self.extra_buffers else "off"}
 
     def _file_type(self) -> str:
@@ -233,4 +236,4 @@ DESCRIPTION = EngineDescription(
     capabilities=Capabilities(traces=True, dtypes=("float32",)),
     sampling=lambda options: SamplingCode("adapters.sampling.llamacpp", {
         "mode": "library", "last_n_tokens": options.last_n_tokens, "gguf": options.gguf}),
-    prepare=llamacpp_gguf.prepare)
+    prepare=llamacpp_gguf.prepare, weights=lambda model_path, options: llamacpp_gguf.weights(model_path, options.gguf))

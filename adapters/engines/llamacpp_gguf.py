@@ -236,6 +236,16 @@ def _build(model_path: Path, variant: str) -> Path:
     return path
 
 
+def weights(model_path: Path, gguf: str) -> str:
+    """The weights a llama.cpp engine with option `gguf` runs, in words: the file and its real tensor-type mix."""
+    from adapters.engines.gguf_tensors import describe
+
+    path = Path(gguf) if gguf.endswith(".gguf") else variant_path(Path(model_path), gguf)
+    if not path.exists():
+        return f"{path.name}: not built yet (`parity models prepare` or the first run builds it)"
+    return f"{path.name}: {describe(path)}"
+
+
 def prepare(model_path: Path) -> str:
     """Every variant of a model folder (for `parity models prepare`): one line naming what is there."""
     config = json.loads((Path(model_path) / "config.json").read_text())

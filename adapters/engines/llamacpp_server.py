@@ -9,11 +9,14 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
 
 from adapters.contract import Capabilities, EngineDescription, Requirement, SamplingCode
+from adapters.engines import llamacpp_gguf
+from adapters.engines.gguf_tensors import describe
 from adapters.engines.llamacpp import GGML_TYPES, gguf_file
 from adapters.engines.llamacpp import Options as LibraryOptions
 from adapters.engines.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
@@ -113,6 +116,7 @@ class Engine(ServedEngine):
         info = {**super().versions(), "llama-cpp-python": installed_version("llama-cpp-python")}
         if not self.options.url:
             info["gguf"] = os.path.basename(self.gguf)
+            info["tensor_types"] = describe(Path(self.gguf))
         return info
 
 
@@ -120,8 +124,9 @@ DESCRIPTION = EngineDescription(
     name="llama.cpp-server", engine=Engine, options=Options,
     summary="llama-cpp-python's OpenAI server (python -m llama_cpp.server) started on 127.0.0.1, or attached by url",
     requirement=Requirement(module="llama_cpp", distribution="llama-cpp-python", extra="llamacpp"),
-    capabilities=Capabilities(server=True, scores=True, dtypes=("float32",)),
+    capabilities=Capabilities(server=True, scores=True, dtypes=("float32",)), batch_size=None,
     sampling=lambda options: SamplingCode("adapters.sampling.llamacpp", {
         "mode": "server", "defaults": options.defaults, "last_n_tokens": options.last_n_tokens,
         "gguf": None if options.url else options.gguf}),
-    dialect=lambda options: DIALECT)
+    dialect=lambda options: DIALECT,
+    weights=lambda model_path, options: None if options.url else llamacpp_gguf.weights(model_path, options.gguf))

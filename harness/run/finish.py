@@ -6,6 +6,7 @@ background once its engines have started (harness.run.execute.JudgingCode), off 
 
 from __future__ import annotations
 
+import resource
 import sys
 import time
 
@@ -69,6 +70,7 @@ def finish(run: PendingRun, outcomes: dict[str, EngineOutcome], interrupted: boo
     judging = Judging(scenario=scenario, run_dir=run_dir, results=results, compared=compared,
                       decode=lambda t: run.tokenizer.decode([t]), checks=run.checks,
                       prompt_warnings=run.meta.prompt_warnings, interrupted=interrupted,
+                      versions={name: o.versions for name, o in outcomes.items()},
                       drift_traces={} if interrupted else drift_passes.run_passes(scenario, run_dir, results,
                                                                                    parallel, progress))
     tables = judge_families(judging)
@@ -81,7 +83,8 @@ def finish(run: PendingRun, outcomes: dict[str, EngineOutcome], interrupted: boo
         effective_differences=effective.run_differences(names, ordered),
         finished=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
     write_summary(run_dir / layout.SUMMARY, meta, tables)
-    meta.phases = {"prepare_s": prepare_s, "engines_s": wall, "write_s": time.perf_counter() - write_started}
+    meta.phases = {"prepare_s": prepare_s, "engines_s": wall, "write_s": time.perf_counter() - write_started,
+                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # the harness process
     write_meta(run_dir, meta)
     return RunOutcome(scenario, run_dir, tables, warnings, exit_code, interrupted, meta.effective_differences,
                       meta.skipped)

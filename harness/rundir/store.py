@@ -27,7 +27,8 @@ from harness.rundir import layout
 
 # 1: the layout before run.json carried a format_version; 2: typed run.json, engine setups, ended_by in results;
 # 3: one pass column, `expected`, in every verdict table (drift.parquet had `ok`)
-FORMAT_VERSION = 3
+# 4: drift.parquet names the weights each engine ran (a GGUF's real tensor-type mix)
+FORMAT_VERSION = 4
 
 
 class EngineMeta(BaseModel):

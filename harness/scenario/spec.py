@@ -114,8 +114,8 @@ class EngineSpec(Strict):
     dtype: Dtype | None = None
     python: str | None = None
     threads: int | None = Field(None, ge=1)
-    batch_size: int | None = Field(None, ge=1, description="cases sent to the worker at once (default 8, or 64 "
-                                   "for a server: it keeps `concurrency` requests in flight across them)")
+    batch_size: int | None = Field(None, ge=1, description="cases sent to the engine in one call (default: all of "
+                                   "them for vLLM and a server's client, 16 for HF, 8 for the others)")
     expect: Expectation | None = None
     timeouts: Timeouts | None = None
     invariance: list[KnobName] | None = None  # this engine's knobs, instead of invariance.knobs

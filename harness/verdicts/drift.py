@@ -21,13 +21,13 @@ from harness.scenario.spec import LoadedScenario
 from harness.verdicts.family import Judged, Judging, VerdictFamily
 
 STATS = list(drift_rules.DriftStats.__dataclass_fields__)
-COLUMNS = {"case_id": "str", "engine": "str", "against": "str", "status": "str", "expected": "bool",
+COLUMNS = {"case_id": "str", "engine": "str", "against": "str", "weights": "str", "status": "str", "expected": "bool",
            **{name: "float?" for name in STATS}, "explanation": "str"}
 TOKENS_TABLE = "drift_tokens.parquet"
 TOKEN_COLUMNS = {"case_id": "str", "engine": "str", "position": "int", "kld": "float", "delta_p": "float",
                  "same_top": "bool"}
-HEADERS = ["case", "engine", "against", "ok", "mean KLD", "p99 KLD", "top-1 agreement", "RMS delta p", "PPL (base)",
-           "explanation"]
+HEADERS = ["case", "engine", "against", "weights", "ok", "mean KLD", "p99 KLD", "top-1 agreement", "RMS delta p",
+           "PPL (base)", "explanation"]
 INTRO = ("Each case's text (the baseline's prompt and generated tokens) teacher-forced through the engine and its "
          "full-precision baseline; per token the KL divergence of the engine's next-token distribution from the "
          "baseline's, whether both rank the same token first, and delta p of the text's token (llama.cpp's "
@@ -35,7 +35,7 @@ INTRO = ("Each case's text (the baseline's prompt and generated tokens) teacher-
 
 
 def drift_rows(drift: pd.DataFrame) -> list[list[str]]:
-    return [[r.case_id, r.engine, r.against, markdown.yes_no(r.expected), markdown.num(r.mean_kld, ".3g"),
+    return [[r.case_id, r.engine, r.against, r.weights, markdown.yes_no(r.expected), markdown.num(r.mean_kld, ".3g"),
              markdown.num(r.p99_kld, ".3g"), "" if r.status != "ok" else f"{r.top1_agreement:.1%}",
              markdown.num(r.rms_delta_p, ".3g"), "" if r.status != "ok" else f"{r.ppl:.4g} ({r.ppl_base:.4g})",
              r.explanation] for r in drift.itertuples()]
@@ -63,7 +63,7 @@ class DriftVerdicts(VerdictFamily):
             for case in judging.scenario.cases:
                 row, per_token = _judge(name, baseline, case.case_id, judging.results, judging.drift_traces,
                                         thresholds)
-                rows.append(row)
+                rows.append({**row, "weights": judging.versions.get(name, {}).get("tensor_types", "")})
                 if per_token is not None:
                     tokens.append(per_token)
         if not rows:
@@ -76,7 +76,7 @@ class DriftVerdicts(VerdictFamily):
 
     def print(self, rows: pd.DataFrame, reference: str) -> None:
         cells = drift_rows(rows)
-        styles = [["", "", "", "" if row[3] == "yes" else "bold red", *[""] * 6] for row in cells]
+        styles = [["", "", "", "", "" if row[4] == "yes" else "bold red", *[""] * 6] for row in cells]
         print_table("quantisation drift (llama.cpp's perplexity --kl-divergence measures)", HEADERS, cells, styles)
 
     def html(self, rows: pd.DataFrame, page: Page) -> str:

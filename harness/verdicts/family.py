@@ -45,6 +45,7 @@ class Judging:
     interrupted: bool
     # teacher-forced logits passes run for the drift verdicts: (engine, the baseline whose text it read, case)
     drift_traces: dict[tuple[str, str, str], TraceResult] = field(default_factory=dict)
+    versions: dict[str, dict[str, str]] = field(default_factory=dict)  # engine -> what it reported of itself
 
 
 @dataclass

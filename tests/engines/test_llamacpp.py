@@ -63,6 +63,15 @@ def test_quantised_variants_get_drift_verdicts(explained: ParityRun) -> None:
         assert drift.loc[engine, "against"] == "llama.cpp-f32"
         assert 1e-4 < drift.loc[engine, "mean_kld"] <= drift.loc[engine, "p99_kld"]  # quantisation is visible
     assert drift.loc["llama.cpp-q8_0", "mean_kld"] < drift.loc["llama.cpp-q4_k_m", "mean_kld"]
+    # what each variant really holds: SmolLM2's 576-wide rows take no k-quant, so "q4_k_m" is mostly Q5_0 and Q8_0
+    weights = drift.groupby(level=0)["weights"].first()
+    assert weights["llama.cpp-q8_0"].startswith("Q8_0 100.0%") and weights["llama.cpp-f32"].startswith("F32 100.0%")
+    assert weights["llama.cpp-q4_k_m"].startswith("Q5_0 ") and "Q4_K" in weights["llama.cpp-q4_k_m"]
+    assert "tensors fell back (q4_K -> q5_0 and q6_K -> q8_0): their rows are 576 wide, not a multiple of 256" in \
+        weights["llama.cpp-q4_k_m"]
+    assert weights["llama.cpp-q4_1"].startswith("Q4_1 ")
+    assert explained.meta["engines"]["llama.cpp-q4_k_m"]["versions"]["tensor_types"] == weights["llama.cpp-q4_k_m"]
+    assert "576 wide" in (explained.run_dir / "summary.md").read_text()
     tokens = pd.read_parquet(explained.run_dir / "drift_tokens.parquet")
     assert len(tokens[tokens.engine == "llama.cpp-q8_0"]) == drift.loc["llama.cpp-q8_0", "tokens"] == 32
     assert "## Quantisation drift" in (explained.run_dir / "summary.md").read_text()

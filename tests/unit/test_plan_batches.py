@@ -1,12 +1,15 @@
-"""What a worker is told of its plan: how many cases it is sent at once (small batches for in-process engines,
-large ones for a server's client, which keeps `concurrency` requests in flight only within a batch; the scenario's
-batch_size above both), and at load each distinct params of its cases once (their effective params start there)."""
+"""What a worker is told of its plan: how many cases it is sent at once (every case for an engine with its own
+scheduler and for a server's client, which keeps its requests in flight; a fixed batch for HF, whose generate() holds
+every step's logits of a batch; the scenario's batch_size above all), and at load each distinct params of its cases
+once (their effective params start there)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from harness.plan.plans import BATCH, SERVER_BATCH, engine_plan
+from harness.core.types import Request
+from harness.core.vocabulary import SamplingParams
+from harness.plan.plans import engine_plan
 from harness.scenario.spec import load
 
 from helpers import write_scenario
@@ -16,6 +19,7 @@ name: batches
 model: smollm2-135m
 engines:
   hf: {engine: hf, reference: true}
+  vllm: {engine: vllm}
   server: {engine: openai, options: {url: "http://127.0.0.1:9/v1", dialect: vllm}}
   small: {engine: openai, batch_size: 2, options: {url: "http://127.0.0.1:9/v1", dialect: vllm}}
 prompts: [{id: p, text: "Hello"}]
@@ -23,16 +27,16 @@ params: {temperature: 0, max_new_tokens: 4}
 """
 
 
-def test_servers_get_large_batches_unless_the_scenario_says(tmp_path: Path) -> None:
+def test_engines_with_a_scheduler_and_servers_get_every_case_at_once_unless_the_scenario_says(tmp_path: Path) -> None:
     scenario = load(write_scenario(tmp_path / "s.yaml", SCENARIO))
-    sizes = {name: engine_plan(scenario, name, tmp_path, [], resolve=lambda *_: tmp_path).batch_size
-             for name in ("hf", "server", "small")}
-    assert sizes == {"hf": BATCH, "server": SERVER_BATCH, "small": 2}
+    requests = [Request(case_id=f"c{i}", prompt_ids=[1], params=SamplingParams(), top_logprobs=5) for i in range(40)]
+    plans = {name: engine_plan(scenario, name, tmp_path, requests, resolve=lambda *_: tmp_path)
+             for name in ("hf", "vllm", "server", "small")}
+    assert {name: plan.batch_size for name, plan in plans.items()} == {"hf": 16, "vllm": 40, "server": 40, "small": 2}
+    assert [len(b) for b in plans["hf"].batches()] == [16, 16, 8] and len(plans["server"].batches()) == 1
 
 
 def test_a_worker_is_told_each_distinct_params_once_at_load(tmp_path: Path) -> None:
-    from harness.core.types import Request
-    from harness.core.vocabulary import SamplingParams
     from harness.executors.engine_runs import _distinct_params
 
     scenario = load(write_scenario(tmp_path / "s.yaml", SCENARIO))
