@@ -283,7 +283,6 @@ model: smollm2-135m
 engines:
   hf: {{engine: hf, reference: true}}
   client: {{engine: openai, options: {{url: "{url}", dialect: vllm, api_key_env: {key}}}}}
-  vllm-attached: {{engine: vllm-server, options: {{url: "{url}", api_key_env: {key}}}}}
 prompts: ["Once upon a time"]
 params: {{temperature: 0, max_new_tokens: 6, num_beams: 3, length_penalty: 0.0}}
 expect: {{tokens: any}}
@@ -291,21 +290,21 @@ expect: {{tokens: any}}
 
 
 def test_an_attached_vllm_dialect_client_searches_beams_on_the_server(server_url, tmp_path: Path) -> None:
-    """The openai engine with dialect vllm asks the server's own beam search (use_beam_search, n = width) and gets
-    the same beams as the vllm-server engine attached to the same server; it reports no final score (the server
-    returns none), and says so."""
+    """The openai engine with dialect vllm asks the server's own beam search (use_beam_search, n = width): three
+    beams, best first, each token's logprob summed as the server reported it, the same numbers as HF's on the beams
+    both return; it reports no final score (the server returns none), and says so."""
     scenario = write_scenario(tmp_path / "s.yaml", ATTACHED_BEAMS.format(url=server_url, key=API_KEY_ENV))
     run = parity("run", str(scenario), out=tmp_path / "reports")
     assert run.code == 0, run.stdout[-3000:]
-    beams = pd.read_parquet(run.run_dir / "beams.parquet").set_index(["engine", "rank"])
-    for rank in range(3):
-        client, attached = beams.loc[("client", rank)], beams.loc[("vllm-attached", rank)]
-        assert list(client.token_ids) == list(attached.token_ids)
-        assert client.cum_logprob == pytest.approx(attached.cum_logprob, abs=1e-4)
-        assert pd.isna(client.score) and not pd.isna(attached.score)
+    beams = pd.read_parquet(run.run_dir / "beams.parquet")
+    client = beams[beams.engine == "client"].sort_values("rank")
+    assert list(client["rank"]) == [0, 1, 2] and client.score.isna().all()
+    assert list(client.cum_logprob) == sorted(client.cum_logprob, reverse=True)  # length_penalty 0: by cum logprob
+    hf = {tuple(b.token_ids): b.cum_logprob for b in beams[beams.engine == "hf"].itertuples()}
+    shared = [(hf[tuple(b.token_ids)], b.cum_logprob) for b in client.itertuples() if tuple(b.token_ids) in hf]
+    assert shared and all(abs(a - b) < 1e-3 for a, b in shared)
     result = run.results.set_index("engine").loc["client"]
     body = json.loads(result.native_params)
     assert body["use_beam_search"] is True and body["n"] == 3 and body["length_penalty"] == 0.0
     assert any(w.startswith("no final beam scores: the vllm server returns none") for w in result.warnings)
-    verdict = run.verdicts.set_index("engine").loc["client"]
-    assert verdict.beams_compared == 3 and (verdict.max_abs_logprob_delta < 1e-3 or not verdict.beam_set_identical)
+    assert run.verdicts.set_index("engine").loc["client"].beams_compared == 3
