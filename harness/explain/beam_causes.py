@@ -139,9 +139,8 @@ def same_beams_scored_apart(ref: str, engine: str, real_ref: list[Beam], real: l
     """The engines return the same beams in the same order, and the run still judged them apart: their scores.
     Equal cumulative logprobs with different final scores are the scoring rule (the length each divides by)."""
     c = compare_beams(real_ref, real, n)
-    worst_cum = max(c.shared, key=lambda pair: abs(pair[0].cum_logprob - pair[1].cum_logprob))
     if c.max_cum_delta > tolerance:
-        a, b = worst_cum
+        a, b = max(c.shared, key=lambda pair: abs(pair[0].cum_logprob - pair[1].cum_logprob))
         return "numerics", (
             f"the engines return {_same(c.compared)}, and their cumulative logprobs differ "
             f"by up to {c.max_cum_delta:.4g} (beyond {tolerance:g}; e.g. {_beam(a, decode, real_ref.index(a))}: "
