@@ -16,8 +16,9 @@ from harness.rundir.store import read_meta
 from harness.rundir.tables import read_parquet
 
 
-def latest(reports: Path, scenario: str) -> Path | None:
-    runs = sorted(p for p in reports.glob(f"*-{scenario}") if (p / "run.json").exists())
+def latest(reports: Path, scenario: str, needs: str = "verdicts.parquet") -> Path | None:
+    """The newest run of SCENARIO that wrote NEEDS (a transplant leaves a run of the scenario with no verdicts)."""
+    runs = sorted(p for p in reports.glob(f"*-{scenario}") if (p / needs).exists())
     return runs[-1] if runs else None
 
 
@@ -58,7 +59,14 @@ def hazard(reports: Path) -> list[str]:
     if run is None:
         return ["gpu-hazard: not run"]
     verdicts = read_parquet(run, "verdicts.parquet")
-    return [f"gpu-hazard {r.case_id} {r.engine}: {r.verdict}: {r.explanation[:400]}" for r in verdicts.itertuples()]
+    lines = [f"gpu-hazard {r.case_id} {r.engine}: {r.explanation[:400]}" for r in verdicts.itertuples()]
+    transplanted = latest(reports, "gpu-hazard", needs="transplant/verdicts.json")
+    if transplanted is None:
+        return [*lines, "gpu-hazard transplant: not run"]
+    for found in json.loads((transplanted / "transplant" / "verdicts.json").read_text()):
+        lines.append(f"gpu-hazard transplant {found['case_id']} {found['engine']}: {found['cause']}: "
+                     f"{found['verdict'][:400]}")
+    return lines
 
 
 def main() -> int:
