@@ -115,6 +115,9 @@ class EngineDescription:
     weights: Callable[[Path, Any], str | None] | None = None
     # options -> why this configuration has no beam search although the engine has one (None: it has it)
     beam_refusal: Callable[[Any], str | None] | None = None
+    # its worker process can load the next engine of the same kind once this one is closed (the engine leaves no
+    # process-wide state behind): a run then pays the process start and the imports once, not once per engine
+    reusable_worker: bool = False
 
     @property
     def factory(self) -> str:

@@ -38,6 +38,7 @@ class Worker(Protocol):
 
 class Executor(Protocol):
     name: str
+    reuses_workers: bool  # a finished engine's worker may serve the next of its kind (harness.executors.worker_pool)
 
     def worker(self, plan: EnginePlan) -> Worker: ...
 
@@ -56,6 +57,7 @@ class LocalExecutor:
     run at once: cores / threads per engine."""
 
     name = "local"
+    reuses_workers = True
 
     def worker(self, plan: EnginePlan) -> Worker:
         if plan.attached_client:

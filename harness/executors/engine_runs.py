@@ -3,6 +3,8 @@ result is journaled to disk, by the driver, as it arrives.
 
 A worker that fails to load, dies, or exceeds its timeout turns the cases it owed into engine-error results.
 The cases after them go to a restarted worker (up to MAX_RESTARTS times), so one bad case does not sink a run.
+Where the executor allows it, the worker of a finished engine serves the next engine of its kind
+(harness.executors.worker_pool).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from harness.core.types import Request, Result, TraceRequest, TraceResult
 from harness.executors import choice
 from harness.executors.choice import Executor, Worker
 from harness.executors.local_process import WorkerGone, WorkerTimeout
+from harness.executors.worker_pool import WorkerPool
 from harness.plan.plans import EnginePlan
 from harness.rundir.journal import JOURNAL, save_engine_info
 
@@ -43,8 +46,9 @@ Progress = Callable[[str, str], None]  # (engine name, event): "loading" | "read
 
 
 class EngineRun:
-    def __init__(self, plan: EnginePlan, progress: Progress, executor: Executor, label: str):
-        self.plan, self.executor, self.label = plan, executor, label
+    def __init__(self, plan: EnginePlan, progress: Progress, executor: Executor, label: str,
+                 pool: WorkerPool | None = None):
+        self.plan, self.executor, self.label, self.pool = plan, executor, label, pool
         self.progress = lambda event: progress(label, event)
         self.outcome = EngineOutcome(plan.name)
         self.worker: Worker | None = None
@@ -67,13 +71,16 @@ class EngineRun:
     def _start_worker(self) -> None:
         plan = self.plan
         self.progress("loading")
-        self.worker = self.executor.worker(plan)
-        self.worker.start()
+        reused = self.pool.take(plan) if self.pool else None
+        self.worker = reused or self.executor.worker(plan)
+        if not reused:
+            self.worker.start()
         if self.worker.pid is not None:  # a worker thread has none
             self.outcome.worker_pids.append(self.worker.pid)
             (plan.workdir / "worker.pid").write_text(str(self.worker.pid))
         self.worker.send({"op": "load", "factory": plan.factory, "setup": plan.setup.model_dump(mode="json"),
-                          "sampling": plan.sampling, "package": plan.package, "params": _distinct_params(plan)})
+                          "sampling": plan.sampling, "package": plan.package, "params": _distinct_params(plan),
+                          "log": str(plan.workdir / "worker.log") if reused else None})
         message = self.worker.receive(plan.load_timeout)
         if message["event"] != "ready":
             raise WorkerGone(f"could not load: {message.get('error', message)}")
@@ -82,8 +89,9 @@ class EngineRun:
         if not self.outcome.phases:
             phases = message.get("phases", {})
             spawned = self.worker.spawned_at  # by the clock of the worker's own machine, as main_at is
-            self.outcome.phases = {"process_start_s": phases.get("main_at", spawned) - spawned,
-                                   "imports_s": phases.get("imports_s", 0.0), "load_s": phases.get("load_s", 0.0)}
+            started = 0.0 if reused else phases.get("main_at", spawned) - spawned
+            self.outcome.phases = {"process_start_s": started, "imports_s": phases.get("imports_s", 0.0),
+                                   "load_s": phases.get("load_s", 0.0)}
         if plan.op == "generate":  # what a resumed run needs of an engine it does not start again
             save_engine_info(plan.workdir, self.outcome.info())
         self.progress("ready")
@@ -108,6 +116,7 @@ class EngineRun:
         pending = self.plan.batches()
         self.plan.workdir.mkdir(parents=True, exist_ok=True)
         self.journal = open(self.plan.workdir / ("traces.jsonl" if self.plan.op == "trace" else JOURNAL), "a")
+        finished = False
         try:
             while pending and not self.stopped.is_set():
                 batch = pending.pop(0)
@@ -126,8 +135,9 @@ class EngineRun:
                                    f"not run: the worker failed {MAX_RESTARTS + 1} times ({error})")
                         pending = []
                     self.outcome.restarts += 1
+            finished = not self.stopped.is_set()
         finally:
-            if self.worker is not None:
+            if self.worker is not None and not (finished and self.pool and self.pool.give(self.plan, self.worker)):
                 self.worker.stop()
             self.journal.close()
             self.progress("done")
@@ -159,9 +169,12 @@ def run_plans(plans: list[EnginePlan], parallel: int | None, progress: Progress,
     Returns the outcomes in plan order and whether the user interrupted."""
     executor = choice.current()
     executor.check({plan.name: plan.resources for plan in plans})
-    runs = [EngineRun(plan, progress, executor, label) for plan, label in zip(plans, labels, strict=True)]
+    workers = WorkerPool() if executor.reuses_workers else None
+    runs = [EngineRun(plan, progress, executor, label, workers)
+            for plan, label in zip(plans, labels, strict=True)]
     pool = ThreadPoolExecutor(max_workers=max(1, parallel or executor.parallel(plans)))
-    futures = [pool.submit(run.run) for run in runs]
+    # engines that leave state in their worker start last, so the workers of the others are reused before theirs
+    futures = [pool.submit(run.run) for run in sorted(runs, key=lambda run: run.plan.leaves_state)]
     interrupted = False
     try:
         while wait(futures, timeout=0.25).not_done:  # returns when the last one ends; Ctrl-C lands between waits
@@ -171,6 +184,9 @@ def run_plans(plans: list[EnginePlan], parallel: int | None, progress: Progress,
         for run in runs:
             run.abort()
         wait(futures, timeout=30)  # workers are dead: the engine threads wind up at once
+    finally:
+        if workers:
+            workers.close(kill=interrupted)
     pool.shutdown(wait=False, cancel_futures=True)
     for future in futures:
         if future.done() and not future.cancelled() and future.exception() is not None:

@@ -1,4 +1,6 @@
-"""Worker process: loads one engine once and serves generate (or trace) requests from the harness.
+"""Worker process: loads one engine once and serves generate (or trace) requests from the harness. A worker of an
+engine whose description allows it (reusable_worker) may then be told to load the next engine of the same kind: the
+first is closed, and the worker's log moves to the new engine's.
 
 Run as `python -m harness.executors.worker_main` by the harness (possibly with another interpreter); it speaks
 harness.executors.wire. Protocol messages go to a duplicate of the original stdout; fd 1 is pointed at stderr so that
@@ -58,8 +60,10 @@ class Worker:
         try:
             for line in lines:
                 message = decode(line)
-                if message["op"] == "load" and not self.load(message):
-                    return 1
+                if message["op"] == "load":
+                    self.unload(message.get("log"))
+                    if not self.load(message):
+                        return 1
                 if message["op"] in ("generate", "trace", "score"):
                     self.run_batch(message["op"], message["requests"])
                 if message["op"] == "close":
@@ -69,10 +73,23 @@ class Worker:
             if self.engine is not None:
                 self.engine.close()
 
+    def unload(self, log_path: str | None) -> None:
+        """Before a second load: close the engine loaded first, and write to the new engine's log from here on."""
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+            gc.collect()
+        if log_path:
+            sys.stderr.flush()
+            log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(log, 2)
+            os.close(log)
+
     def load(self, message: dict[str, Any]) -> bool:
         """message: {"factory": "module:Class", "setup": EngineSetup, "sampling": SamplingCode fields or None,
         "package": the engine package of an in-process engine, imported first so that its import time is reported apart
-        from loading, "params": the distinct params of the engine's cases, whose effective params start at once}."""
+        from loading, "params": the distinct params of the engine's cases, whose effective params start at once,
+        "log": where the worker writes from now on, for a worker reused from another engine}."""
         import importlib
 
         from adapters.registry import engine_class

@@ -44,6 +44,11 @@ class EnginePlan:
     # a client of a server the harness does not start: it only sends HTTP requests, so on this machine it runs in a
     # thread of the harness rather than a process of its own (harness.executors.local_thread)
     attached_client: bool = False
+    # plans with the same key may run one after another in one worker process (None: a worker of its own)
+    reuse_key: tuple | None = None
+    # its engine may leave process-wide state behind (a patch function can change any module): no plan reuses its
+    # worker after it
+    leaves_state: bool = False
 
     def batches(self) -> list[list[Request] | list[TraceRequest]]:
         if self.groups is not None:
@@ -84,16 +89,21 @@ def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: li
                         trace=op == "trace", max_context=longest)
     timeouts = spec.engine_timeouts(name)
     package = None if description.capabilities.server else description.requirement.module
+    import_paths = [str(scenario.path.parent.resolve())]
+    reusable = description.reusable_worker and not description.capabilities.server
     return EnginePlan(engine=engine.engine, factory=description.factory, package=package,
                       sampling={"module": code.module, "kwargs": code.kwargs} if code else None, setup=setup,
                       python=engine.python, threads=spec.engine_threads(name),
                       batch_size=engine.batch_size or description.batch_size or max(1, len(requests)),
                       requests=requests, load_timeout=timeouts.load,
                       case_timeout=timeouts.case, op=op,
-                      import_paths=[str(scenario.path.parent.resolve())], model=spec.model,
+                      import_paths=import_paths, model=spec.model,
                       model_shared=spec.model_shared, resources=plan_resources(scenario, name, options),
                       attached_client=bool(description.capabilities.http_only_client and options.get("url")
-                                           and not engine.python))
+                                           and not engine.python),
+                      reuse_key=(description.factory, engine.python, spec.engine_threads(name), *import_paths)
+                      if reusable else None,
+                      leaves_state=bool(options.get("patch")))
 
 
 def plan_resources(scenario: LoadedScenario, name: str, options: dict[str, Any] | None = None) -> ActorResources:

@@ -73,3 +73,33 @@ def test_unexpressible_param_is_a_warning_not_silence(tiny: ParityRun) -> None:
     assert "presence_penalty=0.4 NOT APPLIED" in (tiny.run_dir / "summary.md").read_text()
     verdicts = tiny.verdicts.set_index(["engine", "case_id"])
     assert set(verdicts.loc["hf-warned"].verdict) == {"match"}  # neither param changes HF's greedy tokens
+
+
+REUSED = """\
+name: reused
+model: tiny-llama
+engines:
+  hf: {engine: hf, reference: true}
+  twin: {engine: hf}
+  patched-a: {engine: hf, options: {patch: "adapters.tracing.patches:hf_eager_attention"}, expect: {tokens: any}}
+  patched-b: {engine: hf, options: {patch: "adapters.tracing.patches:hf_eager_attention"}, expect: {tokens: any}}
+prompts: ["Hello world, this is", "Once upon a time"]
+params: {do_sample: true, temperature: 1.0, seed: 7, max_new_tokens: 8, ignore_eos: true}
+"""
+
+
+def test_a_reused_worker_gives_what_a_fresh_one_gives(tmp_path) -> None:
+    """One engine at a time: the twin loads in the reference's worker process, without its process start and imports,
+    and samples the reference's tokens from the same seed; a patched engine may take a worker but no engine loads in
+    one after it, so the second patched engine gets a process of its own; each engine keeps its own log."""
+    run = parity("run", str(write_scenario(tmp_path / "reused.yaml", REUSED)), "--parallel", "1",
+                 out=tmp_path / "reports")
+    assert run.code == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    pids = {name: json.loads((run.run_dir / "engines" / name / "engine.json").read_text())["worker_pids"]
+            for name in ("hf", "twin", "patched-a", "patched-b")}
+    assert pids["hf"] == pids["twin"] and len(set(map(tuple, pids.values()))) == 2, pids
+    engines = json.loads((run.run_dir / "engines" / "twin" / "engine.json").read_text())
+    assert engines["phases"]["process_start_s"] == 0.0 and engines["phases"]["imports_s"] < 0.5
+    verdicts = run.verdicts.set_index(["engine", "case_id"])
+    assert set(verdicts.loc["twin"].verdict) == {"match"}, verdicts.loc["twin"].explanation.tolist()
+    assert (run.run_dir / "engines" / "twin" / "worker.log").exists()
