@@ -1,7 +1,8 @@
 """`parity report RUN_DIR`: one self-contained HTML file (no network, no CDN; plots are inline SVG) built from a
 run directory alone: each verdict family's section (harness.verdicts: the verdicts with aligned tokens, top-k
 alternatives and logprob-delta plots per case; invariance; drift), the sections other commands added
-(harness.report.sections), the params each engine was sent with differences marked, versions and machine."""
+(harness.report.sections), the params each engine was sent with differences marked, versions and machine. A large run's
+cases past the first page go to further pages beside it (REPORT-cases-N.html), so its first screen stays light."""
 
 from __future__ import annotations
 
@@ -30,15 +31,15 @@ vertical-align:top;font-size:13px}th{background:#f3f3f3}.match{color:#1a7f37}.be
 border-color:#cf222e}.tok.after{color:#888}.case{border-top:2px solid #ddd;margin-top:18px}
 """
 
+# rows link to their case; data-ready-ms: from navigation start to this script, at the end of the page (every
+# element above it parsed), which the report's own test reads to hold the first screen to its time
 SCRIPT = """
-document.querySelectorAll('tr[data-case]').forEach(function (row) {
+document.querySelectorAll('tr[data-href]').forEach(function (row) {
   row.style.cursor = 'pointer';
-  row.addEventListener('click', function () {
-    var target = document.getElementById('case-' + row.dataset.case);
-    if (target) { target.scrollIntoView(); }
-  });
+  row.addEventListener('click', function () { window.location.href = row.dataset.href; });
 });
 document.body.dataset.ready = 'yes';
+document.body.dataset.readyMs = String(Math.round(performance.now()));
 """
 
 
@@ -78,8 +79,9 @@ def _effective_table(results: pd.DataFrame) -> str:
     return "\n".join(rows) + "</table>" + (f"<ul>{notes}</ul>" if notes else "")
 
 
-def build(run_dir: Path) -> str:
-    page = Page(run_dir)
+def build(run_dir: Path, stem: str = "report") -> tuple[str, dict[str, str]]:
+    """The report's HTML, and its further pages (file name -> HTML); stem: the report's file name without .html."""
+    page = Page(run_dir, stem)
     meta, reference = page.meta, page.reference
     body = [f"<h1>{esc(meta.scenario_name)}</h1><p>run <b>{esc(meta.run_id)}</b>, status "
             f"{esc(meta.status)}, exit code {esc(meta.exit_code)}, reference engine <b>{esc(reference)}</b>, "
@@ -109,12 +111,21 @@ def build(run_dir: Path) -> str:
                     f"<td>{esc(', '.join(f'{s:.1f}' for s in e.load_s))}</td><td>{warnings}</td></tr>")
     machine = ", ".join(f"{k}: {v}" for k, v in meta.machine.items())
     body.append(f"</table><p id='machine'>{esc(machine)}</p>")
-    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>llm-parity: "
-            f"{esc(meta.scenario_name)}</title><style>{STYLE}</style></head><body>" + "\n".join(body)
-            + f"<script>{SCRIPT}</script></body></html>\n")
+    further = {name: document(f"{meta.scenario_name}: {title}", f"<h1>{esc(meta.scenario_name)}: {esc(title)}</h1>"
+                              + part) for name, (title, part) in page.further.items()}
+    return document(meta.scenario_name, "\n".join(body)), further
+
+
+def document(title: str, body: str) -> str:
+    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>llm-parity: {esc(title)}</title>"
+            f"<style>{STYLE}</style></head><body>{body}<script>{SCRIPT}</script></body></html>\n")
 
 
 def write(run_dir: Path, out: Path | None = None) -> Path:
+    """Write the report (default RUN_DIR/report.html) and its further pages beside it; returns the report's path."""
     path = out or run_dir / layout.REPORT
-    write_atomic(path, build(run_dir))
+    main, further = build(run_dir, path.stem)
+    for name, html in further.items():
+        write_atomic(path.parent / name, html)
+    write_atomic(path, main)
     return path

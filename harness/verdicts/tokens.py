@@ -51,24 +51,64 @@ class TokenVerdicts(VerdictFamily):
         print_table(f"verdicts vs reference '{reference}'", HEADERS, cells, styles)
 
     def html(self, rows: pd.DataFrame, page: Page) -> str:
-        """The verdict table (a row links to its case), then each case: aligned tokens with the first divergence,
-        both answers, the top-k alternatives at the divergence and the per-step logprob delta."""
-        return "\n".join([_verdict_table(rows), "<h2>Cases</h2>",
-                          *[_case_section(i, v, page) for i, v in enumerate(rows.itertuples())]])
+        """The verdict table, problems first (a row links to its case), then each case: aligned tokens with the first
+        divergence, both answers, the top-k alternatives at the divergence and the per-step logprob delta. A large
+        run keeps its first screen light: the verdict rows past FIRST_ROWS are collapsed, and the cases past
+        CASES_PER_PAGE go to further pages beside the report."""
+        ordered = by_severity(rows)
+        links = [case_link(i, page) for i in range(len(ordered))]
+        sections = [_case_section(i, v, page) for i, v in enumerate(ordered.itertuples())]
+        for start in range(CASES_PER_PAGE, len(sections), CASES_PER_PAGE):
+            number = start // CASES_PER_PAGE + 1
+            shown = f"cases {start + 1}-{min(start + CASES_PER_PAGE, len(sections))} of {len(sections)}"
+            page.further[page.further_page(number)] = (shown, "<p><a href='{}'>back to the report</a></p>".format(
+                esc(page.stem + ".html")) + "\n".join(sections[start:start + CASES_PER_PAGE]))
+        pages = len(page.further)
+        more = (f"<p id='further-pages'>{len(sections) - CASES_PER_PAGE} more cases on {pages} further page(s): "
+                + ", ".join(f"<a href='{esc(name)}'>{esc(title)}</a>" for name, (title, _) in page.further.items())
+                + "</p>") if pages else ""
+        return "\n".join([_verdict_table(ordered, links), "<h2>Cases</h2>", *sections[:CASES_PER_PAGE], more])
+
+
+FIRST_ROWS = 100  # verdict rows in the report's first table; the rest are collapsed under it
+CASES_PER_PAGE = 50  # case sections on the report's first page, and on each further page beside it
+SEVERITY = {"engine_error": 0, "hazard": 1, "diverged": 2, "benign_tie": 3, "match": 4}
+
+
+def by_severity(verdicts: pd.DataFrame) -> pd.DataFrame:
+    """Rows not as expected first, then by verdict (engine errors, hazards, divergences, near-ties, matches), each
+    group in run order: a large run's problems are on its report's first screen."""
+    rank = verdicts.expected.astype(bool).astype(int) * 10 + verdicts.verdict.map(SEVERITY).fillna(2)
+    return verdicts.iloc[rank.argsort(kind="stable")].reset_index(drop=True)
+
+
+def case_link(i: int, page: Page) -> str:
+    """Where the i-th case (in by_severity order) is: on the report's first page or on a further one."""
+    return f"#case-{i}" if i < CASES_PER_PAGE else f"{page.further_page(i // CASES_PER_PAGE + 1)}#case-{i}"
 
 
 FAMILY = TokenVerdicts()
 
 
-def _verdict_table(verdicts: pd.DataFrame) -> str:
-    rows = ["<table id='verdicts'><tr><th>case</th><th>engine</th><th>verdict</th><th>as expected</th>"
-            "<th>first divergence</th><th>max |Δlogprob|</th><th>explanation</th></tr>"]
-    for i, r in enumerate(verdicts.itertuples()):
-        rows.append(f"<tr data-case='{i}' class='{'' if r.expected else 'no'}'><td>{esc(r.case_id)}</td>"
-                    f"<td>{esc(r.engine)}</td><td class='{esc(r.verdict)}'>{esc(r.verdict)}</td>"
-                    f"<td>{'yes' if r.expected else 'NO'}</td><td>{markdown.step(r.first_divergence)}</td>"
-                    f"<td>{markdown.num(r.max_abs_logprob_delta)}</td><td>{esc(r.explanation)}</td></tr>")
-    return "\n".join(rows) + "</table>"
+def _verdict_table(verdicts: pd.DataFrame, links: list[str]) -> str:
+    header = ("<tr><th>case</th><th>engine</th><th>verdict</th><th>as expected</th><th>first divergence</th>"
+              "<th>max |Δlogprob|</th><th>explanation</th></tr>")
+    rows = [f"<tr data-href='{esc(link)}' class='{'' if r.expected else 'no'}'><td>{esc(r.case_id)}</td>"
+            f"<td>{esc(r.engine)}</td><td class='{esc(r.verdict)}'>{esc(r.verdict)}</td>"
+            f"<td>{'yes' if r.expected else 'NO'}</td><td>{markdown.step(r.first_divergence)}</td>"
+            f"<td>{markdown.num(r.max_abs_logprob_delta)}</td><td>{esc(r.explanation)}</td></tr>"
+            for r, link in zip(verdicts.itertuples(), links, strict=True)]
+    counts = ", ".join(f"{n} {verdict}" for verdict, n in verdicts.verdict.value_counts(sort=False).items())
+    unexpected = int((~verdicts.expected.astype(bool)).sum())
+    table = (f"<p id='verdict-counts'>{len(verdicts)} verdicts: {esc(counts)}; <b>{unexpected} not as expected</b>"
+             "</p><table id='verdicts'>" + header + "\n".join(rows[:FIRST_ROWS]) + "</table>")
+    if len(rows) <= FIRST_ROWS:
+        return table
+    rest = verdicts.iloc[FIRST_ROWS:]
+    counts = ", ".join(f"{n} {verdict}" for verdict, n in rest.verdict.value_counts(sort=False).items())
+    return (table + f"<details id='more-verdicts'><summary>{len(rest)} more rows ({esc(counts)}; "
+            f"{int(rest.expected.astype(bool).sum())} as expected)</summary><table>{header}"
+            + "\n".join(rows[FIRST_ROWS:]) + "</table></details>")
 
 
 def _token_row(ids: list[int], first: int, decode) -> str:
@@ -79,43 +119,40 @@ def _token_row(ids: list[int], first: int, decode) -> str:
     return "".join(spans)
 
 
-def _alternatives(steps: pd.DataFrame, engine: str, case_id: str, step: int, decode) -> str:
-    row = steps[(steps.engine == engine) & (steps.case_id == case_id) & (steps.step == step)]
-    if row.empty:
+def _alternatives(steps: pd.DataFrame | None, step: int, decode) -> str:
+    if steps is None or step not in steps.index:
         return "<td>(no step)</td>"
-    top = zip(row.iloc[0].top_ids, row.iloc[0].top_logprobs, strict=False)
+    top = zip(steps.at[step, "top_ids"], steps.at[step, "top_logprobs"], strict=False)
     return "<td>" + "<br>".join(f"{esc(repr(decode(int(t))))} {lp:.3f}" for t, lp in top) + "</td>"
 
 
 def _case_section(i: int, v, page: Page) -> str:
-    results, steps, reference, decode = page.results, page.steps, page.reference, page.decode
-    ref = results[(results.engine == reference) & (results.case_id == v.case_id)]
-    oth = results[(results.engine == v.engine) & (results.case_id == v.case_id)]
+    reference, decode = page.reference, page.decode
+    ref, oth = page.result_of.get((reference, v.case_id)), page.result_of.get((v.engine, v.case_id))
     out = [f"<div class='case' id='case-{i}'><h3>{esc(v.case_id)}: {esc(v.engine)} vs {esc(reference)} "
            f"<span class='{esc(v.verdict)}'>{esc(v.verdict)}</span></h3><p>{esc(v.explanation)}</p>"]
-    if ref.empty or oth.empty or v.verdict == "engine_error":
+    if ref is None or oth is None or v.verdict == "engine_error":
         return "".join(out) + "</div>"
     first = -1 if pd.isna(v.first_divergence) else int(v.first_divergence)
     out.append("<table class='aligned'>")
-    for name, row in ((reference, ref.iloc[0]), (v.engine, oth.iloc[0])):
+    for name, row in ((reference, ref), (v.engine, oth)):
         out.append(f"<tr><th>{esc(name)}</th><td class='tokens'>{_token_row(list(row.token_ids), first, decode)}"
                    "</td></tr>")
     out.append("</table><table class='answers'>")
-    for name, row in ((reference, ref.iloc[0]), (v.engine, oth.iloc[0])):  # engine output: text, always escaped
+    for name, row in ((reference, ref), (v.engine, oth)):  # engine output: text, always escaped
         out.append(f"<tr><th>{esc(name)} answer</th><td class='answer'>{esc(row.text)}</td></tr>")
     out.append("</table>")
+    ref_steps, oth_steps = page.steps_of.get((reference, v.case_id)), page.steps_of.get((v.engine, v.case_id))
     if first >= 0:
         out.append(f"<table class='alternatives'><tr><th colspan=2>top-k at step {first}</th></tr><tr>"
                    f"<th>{esc(reference)}</th><th>{esc(v.engine)}</th></tr><tr>"
-                   f"{_alternatives(steps, reference, v.case_id, first, decode)}"
-                   f"{_alternatives(steps, v.engine, v.case_id, first, decode)}</tr></table>")
-    a = steps[(steps.engine == reference) & (steps.case_id == v.case_id)].set_index("step").chosen_logprob
-    b = steps[(steps.engine == v.engine) & (steps.case_id == v.case_id)].set_index("step").chosen_logprob
+                   f"{_alternatives(ref_steps, first, decode)}{_alternatives(oth_steps, first, decode)}</tr></table>")
+    empty = pd.Series(dtype=float)
+    a = empty if ref_steps is None else ref_steps.chosen_logprob
+    b = empty if oth_steps is None else oth_steps.chosen_logprob
     shared = a.index.intersection(b.index)
     shared = shared[shared < first] if first >= 0 else shared
     delta = (a[shared] - b[shared]).abs()
     out.append(svg_plot({v.engine: (list(shared), delta.tolist())},
                         f"|Δ chosen-token logprob| per step, {v.engine} vs {reference} (shared steps)"))
     return "".join(out) + "</div>"
-
-

@@ -63,7 +63,7 @@ def run_dir(tmp_path: Path) -> Path:
 def test_a_stored_run_renders_to_markdown_and_html(run_dir: Path) -> None:
     summary = (run_dir / "summary.md").read_text()
     assert "| a | other | match |" in summary and "| b | other | diverged | NO | 1 |" in summary
-    html = build(run_dir)
+    html, _ = build(run_dir)
     assert "id='verdicts'" in html and "class='diverged'" in html and "top-k at step 1" in html
     assert "&lt;b&gt;" not in html or "<b>bold</b>" not in html  # engine text never lands unescaped
     assert json.loads((run_dir / "run.json").read_text())["format_version"] == FORMAT_VERSION

@@ -106,7 +106,7 @@ def test_a_family_in_one_module_is_judged_written_and_rendered_everywhere(tmp_pa
     write_summary(run_dir / "summary.md", meta, tables)
     summary = (run_dir / "summary.md").read_text()
     assert "## Generation length\n\n| case | engine | tokens |" in summary and "| b | other | 2 |" in summary
-    page = build(run_dir)
+    page, _ = build(run_dir)
     assert "<h2 id='length'>Generation length</h2><ul><li>a other: 3 tokens against the reference&#x27;s 3" in page
 
     for family in families():  # what `parity run` prints, family by family
@@ -126,10 +126,10 @@ def test_a_report_section_in_one_module_is_shown_in_the_html_report(tmp_path: Pa
     section = ReportSection("notes", lambda page: f"<h2 id='notes'>Notes</h2><p>{len(page.results)} results</p>")
     SECTIONS.register(section)
     try:
-        assert "<h2 id='notes'>Notes</h2><p>2 results</p>" in build(run_dir)
+        assert "<h2 id='notes'>Notes</h2><p>2 results</p>" in build(run_dir)[0]
     finally:
         SECTIONS.unregister("notes")
-    assert "id='notes'" not in build(run_dir)
+    assert "id='notes'" not in build(run_dir)[0]
 
 
 def test_a_family_from_an_installed_package_joins_and_a_broken_one_is_set_aside(tmp_path: Path,
