@@ -76,7 +76,7 @@ def test_quantised_variants_get_drift_verdicts(explained: ParityRun) -> None:
     assert len(tokens[tokens.engine == "llama.cpp-q8_0"]) == drift.loc["llama.cpp-q8_0", "tokens"] == 32
     assert "## Quantisation drift" in (explained.run_dir / "summary.md").read_text()
     assert "quantisation drift (llama.cpp's perplexity --kl-divergence measures)" in explained.stdout
-    page = html.build(explained.run_dir)
+    page, _ = html.build(explained.run_dir)
     assert "<h2 id='drift'>" in page and "per-token KLD over all cases, sorted (distribution)" in page
 
 
