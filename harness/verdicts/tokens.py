@@ -58,11 +58,11 @@ class TokenVerdicts(VerdictFamily):
         ordered = by_severity(rows)
         links = [case_link(i, page) for i in range(len(ordered))]
         sections = [_case_section(i, v, page) for i, v in enumerate(ordered.itertuples())]
+        back = f"<p><a href='{esc(page.stem)}.html'>back to the report</a></p>"
         for start in range(CASES_PER_PAGE, len(sections), CASES_PER_PAGE):
-            number = start // CASES_PER_PAGE + 1
             shown = f"cases {start + 1}-{min(start + CASES_PER_PAGE, len(sections))} of {len(sections)}"
-            page.further[page.further_page(number)] = (shown, "<p><a href='{}'>back to the report</a></p>".format(
-                esc(page.stem + ".html")) + "\n".join(sections[start:start + CASES_PER_PAGE]))
+            page.further[page.further_page(start // CASES_PER_PAGE + 1)] = (
+                shown, back + "\n".join(sections[start:start + CASES_PER_PAGE]))
         pages = len(page.further)
         more = (f"<p id='further-pages'>{len(sections) - CASES_PER_PAGE} more cases on {pages} further page(s): "
                 + ", ".join(f"<a href='{esc(name)}'>{esc(title)}</a>" for name, (title, _) in page.further.items())
