@@ -115,9 +115,10 @@ class EngineDescription:
     weights: Callable[[Path, Any], str | None] | None = None
     # options -> why this configuration has no beam search although the engine has one (None: it has it)
     beam_refusal: Callable[[Any], str | None] | None = None
-    # its worker process can load the next engine of the same kind once this one is closed (the engine leaves no
-    # process-wide state behind): a run then pays the process start and the imports once, not once per engine
-    reusable_worker: bool = False
+    # options -> what a worker process must share with this configuration to load it after another engine of the
+    # same kind was closed there: the settings the engine reads once per process (e.g. at import); None: a worker
+    # of its own. Unset: never reused. A reused worker pays the process start and the imports once, not per engine.
+    worker_reuse: Callable[[Any], tuple | None] | None = None
 
     @property
     def factory(self) -> str:
@@ -132,6 +133,10 @@ class EngineDescription:
 
     def weights_note(self, model_path: Path, options: dict[str, Any]) -> str | None:
         return self.weights(model_path, self.parse_options(options)) if self.weights else None
+
+    def reuse_settings(self, options: dict[str, Any]) -> tuple | None:
+        """What a reused worker must share with this configuration; None: it gets a worker of its own."""
+        return self.worker_reuse(self.parse_options(options)) if self.worker_reuse else None
 
     def no_beam_search(self, options: dict[str, Any]) -> str | None:
         """Why this engine, configured so, cannot search beams; None when it can."""

@@ -324,4 +324,5 @@ DESCRIPTION = EngineDescription(
     requirement=Requirement(module="transformers", distribution="transformers"),
     capabilities=Capabilities(traces=True, samples=True, dtypes=(*DTYPES, "float64"), beam_search=True),
     batch_size=16,  # generate() keeps every step's logits of the batch: 16 rows of SmolLM2 x 32 steps are 100 MB
-    sampling=lambda options: SamplingCode("adapters.sampling.hf"), knobs=knobs, reusable_worker=True)
+    sampling=lambda options: SamplingCode("adapters.sampling.hf"), knobs=knobs,
+    worker_reuse=lambda options: ())

@@ -3,7 +3,7 @@
 writes the run directory; an executor only supplies worker handles and says how many engines run at once.
 
 A command picks its executor once (`--executor`, `--ray-address`) and runs inside `using(...)`; everything below it
-asks `current()`.
+asks `current()`. Outside a command (the library used directly) engines run locally, each in a worker of its own.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol
 
 from harness.executors.local_process import WorkerHandle
 from harness.executors.local_thread import WorkerThread
+from harness.executors.worker_pool import WorkerPool
 from harness.plan.plans import EnginePlan
 from harness.plan.resources import ActorResources
 
@@ -38,7 +39,9 @@ class Worker(Protocol):
 
 class Executor(Protocol):
     name: str
-    reuses_workers: bool  # a finished engine's worker may serve the next of its kind (harness.executors.worker_pool)
+    # the command's idle workers, each kept to serve the next engine of its kind (harness.executors.worker_pool);
+    # None: every engine gets a worker of its own
+    workers: WorkerPool | None
 
     def worker(self, plan: EnginePlan) -> Worker: ...
 
@@ -57,7 +60,9 @@ class LocalExecutor:
     run at once: cores / threads per engine."""
 
     name = "local"
-    reuses_workers = True
+
+    def __init__(self, keep_workers: bool = False):
+        self.workers = WorkerPool() if keep_workers else None
 
     def worker(self, plan: EnginePlan) -> Worker:
         if plan.attached_client:
@@ -71,7 +76,8 @@ class LocalExecutor:
         return None
 
     def close(self) -> None:
-        return None
+        if self.workers:
+            self.workers.close()
 
 
 _stack: list[Executor] = [LocalExecutor()]
@@ -89,7 +95,7 @@ def using(name: ExecutorName, address: str | None = None) -> Iterator[Executor]:
             from harness.core.errors import ConfigError
 
             raise ConfigError("--ray-address is for --executor ray: drop it, or add --executor ray")
-        executor: Executor = LocalExecutor()
+        executor: Executor = LocalExecutor(keep_workers=True)
     else:
         from harness.executors.ray_cluster import RayExecutor
 

@@ -169,7 +169,7 @@ def run_plans(plans: list[EnginePlan], parallel: int | None, progress: Progress,
     Returns the outcomes in plan order and whether the user interrupted."""
     executor = choice.current()
     executor.check({plan.name: plan.resources for plan in plans})
-    workers = WorkerPool() if executor.reuses_workers else None
+    workers = executor.workers
     runs = [EngineRun(plan, progress, executor, label, workers)
             for plan, label in zip(plans, labels, strict=True)]
     pool = ThreadPoolExecutor(max_workers=max(1, parallel or executor.parallel(plans)))
@@ -185,8 +185,8 @@ def run_plans(plans: list[EnginePlan], parallel: int | None, progress: Progress,
             run.abort()
         wait(futures, timeout=30)  # workers are dead: the engine threads wind up at once
     finally:
-        if workers:
-            workers.close(kill=interrupted)
+        if workers and interrupted:
+            workers.close(kill=True)
     pool.shutdown(wait=False, cancel_futures=True)
     for future in futures:
         if future.done() and not future.cancelled() and future.exception() is not None:

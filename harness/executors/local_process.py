@@ -11,6 +11,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,12 @@ def next_message(messages: queue.Queue, timeout: float, why_gone: Callable[[], s
     return message
 
 
+# Linux sends a worker its parent-death signal (harness.core.processes.die_with_parent) when the *thread* that spawned
+# it ends, and an engine's thread ends with its phase of the command. Every worker is spawned from this one thread,
+# which lives as long as the harness, so a worker kept for a later phase (harness.executors.worker_pool) lives on.
+_spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-spawner")
+
+
 class WorkerHandle:
     def __init__(self, name: str, python: str | None, threads: int, log_path: Path, import_paths: list[str] = ()):
         self.name, self.log_path = name, log_path
@@ -52,9 +59,10 @@ class WorkerHandle:
         self.log = open(self.log_path, "ab")
         read_fd, write_fd = os.pipe()
         self.spawned_at = time.monotonic()
-        self.process = subprocess.Popen([self.python, "-m", "harness.executors.worker_main"], stdin=subprocess.PIPE,
-                                        stdout=write_fd, stderr=self.log, cwd=PROJECT_ROOT, text=True,
-                                        env=worker_env(self.threads, self.import_paths), start_new_session=True)
+        self.process = _spawner.submit(
+            subprocess.Popen, [self.python, "-m", "harness.executors.worker_main"], stdin=subprocess.PIPE,
+            stdout=write_fd, stderr=self.log, cwd=PROJECT_ROOT, text=True,
+            env=worker_env(self.threads, self.import_paths), start_new_session=True).result()
         os.close(write_fd)
         threading.Thread(target=self._read, args=(os.fdopen(read_fd),), daemon=True).start()
 

@@ -58,7 +58,7 @@ class RayExecutor:
     """Workers as actors of a Ray cluster; engines run at once as resources allow."""
 
     name = "ray"
-    reuses_workers = False  # an actor is placed for one engine's resources
+    workers = None  # an actor is placed for one engine's resources
 
     def __init__(self, started_here: bool):
         self.started_here = started_here  # a Ray instance of this machine: every path is shared with the nodes

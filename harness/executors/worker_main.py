@@ -1,6 +1,6 @@
 """Worker process: loads one engine once and serves generate (or trace) requests from the harness. A worker of an
-engine whose description allows it (reusable_worker) may then be told to load the next engine of the same kind: the
-first is closed, and the worker's log moves to the new engine's.
+engine whose description allows it (worker_reuse) may then be told to unload it, and later to load the next engine of
+the same kind: the first is closed, and the worker's log moves to the new engine's.
 
 Run as `python -m harness.executors.worker_main` by the harness (possibly with another interpreter); it speaks
 harness.executors.wire. Protocol messages go to a duplicate of the original stdout; fd 1 is pointed at stderr so that
@@ -64,6 +64,8 @@ class Worker:
                     self.unload(message.get("log"))
                     if not self.load(message):
                         return 1
+                if message["op"] == "unload":  # kept idle for a later engine: free the memory meanwhile
+                    self.unload(None)
                 if message["op"] in ("generate", "trace", "score"):
                     self.run_batch(message["op"], message["requests"])
                 if message["op"] == "close":
@@ -78,6 +80,7 @@ class Worker:
         if self.engine is not None:
             self.engine.close()
             self.engine = None
+            gc.unfreeze()  # the engine's objects were frozen after its load: collectable again
             gc.collect()
         if log_path:
             sys.stderr.flush()

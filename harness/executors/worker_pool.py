@@ -1,16 +1,19 @@
 """Idle worker processes of finished engines, kept for the next engine of the same kind in the same command.
 
-An engine whose description allows it (EngineDescription.reusable_worker: HF) leaves no process-wide state behind, so
-its worker can load the next one: on a small model most of a worker's start is importing torch and the engine package
-(5-6 s of CPU for HF), which a reused worker pays once. A plan that may leave state behind (a patch) can take a worker
-but never gives it back; a worker that failed, timed out or was interrupted is never given back either.
+An engine whose description allows it (EngineDescription.worker_reuse: HF, in-process vLLM) leaves no process-wide
+state behind once closed, so its worker can load the next one: on a small model most of a worker's start is importing
+torch and the engine package (5-6 s of CPU for HF, 8-10 s for vLLM with its sampler's compiled kernel), which a
+reused worker pays once. The pool lives as long as the command's executor, so explain's traces, drift passes and the
+transplant reuse the workers of the run before them. A kept worker unloads its engine at once, freeing its memory.
+A plan that may leave state behind (a patch) can take a worker but never gives it back; a worker that failed, timed
+out or was interrupted is never given back either.
 """
 
 from __future__ import annotations
 
 import threading
 
-from harness.executors.local_process import WorkerHandle
+from harness.executors.local_process import WorkerGone, WorkerHandle
 from harness.plan.plans import EnginePlan
 
 
@@ -35,6 +38,10 @@ class WorkerPool:
     def give(self, plan: EnginePlan, worker: object) -> bool:
         """Keep the worker of a plan that finished cleanly for the next plan of its kind; False: stop it yourself."""
         if plan.reuse_key is None or plan.leaves_state or not isinstance(worker, WorkerHandle):
+            return False
+        try:
+            worker.send({"op": "unload"})
+        except WorkerGone:
             return False
         with self.lock:
             self.idle.setdefault(plan.reuse_key, []).append(worker)

@@ -90,7 +90,7 @@ def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: li
     timeouts = spec.engine_timeouts(name)
     package = None if description.capabilities.server else description.requirement.module
     import_paths = [str(scenario.path.parent.resolve())]
-    reusable = description.reusable_worker and not description.capabilities.server
+    shared = None if description.capabilities.server else description.reuse_settings(options)
     return EnginePlan(engine=engine.engine, factory=description.factory, package=package,
                       sampling={"module": code.module, "kwargs": code.kwargs} if code else None, setup=setup,
                       python=engine.python, threads=spec.engine_threads(name),
@@ -101,8 +101,8 @@ def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: li
                       model_shared=spec.model_shared, resources=plan_resources(scenario, name, options),
                       attached_client=bool(description.capabilities.http_only_client and options.get("url")
                                            and not engine.python),
-                      reuse_key=(description.factory, engine.python, spec.engine_threads(name), *import_paths)
-                      if reusable else None,
+                      reuse_key=(description.factory, engine.python, spec.engine_threads(name), *import_paths,
+                                 *shared) if shared is not None else None,
                       leaves_state=bool(options.get("patch")))
 
 

@@ -83,23 +83,31 @@ engines:
   twin: {engine: hf}
   patched-a: {engine: hf, options: {patch: "adapters.tracing.patches:hf_eager_attention"}, expect: {tokens: any}}
   patched-b: {engine: hf, options: {patch: "adapters.tracing.patches:hf_eager_attention"}, expect: {tokens: any}}
+  vllm: {engine: vllm, expect: {tokens: any}}
+  vllm-twin: {engine: vllm, options: {prefix_caching: false}, expect: {tokens: any}}
 prompts: ["Hello world, this is", "Once upon a time"]
 params: {do_sample: true, temperature: 1.0, seed: 7, max_new_tokens: 8, ignore_eos: true}
 """
 
 
 def test_a_reused_worker_gives_what_a_fresh_one_gives(tmp_path) -> None:
-    """One engine at a time: the twin loads in the reference's worker process, without its process start and imports,
-    and samples the reference's tokens from the same seed; a patched engine may take a worker but no engine loads in
-    one after it, so the second patched engine gets a process of its own; each engine keeps its own log."""
+    """One engine at a time: each twin loads in the worker process of the engine of its kind before it, without its
+    process start and imports, and samples that engine's tokens from the same seed (vLLM: in another configuration);
+    a patched engine may take a worker but no engine loads in one after it, so the second patched engine gets a
+    process of its own; each engine keeps its own log."""
     run = parity("run", str(write_scenario(tmp_path / "reused.yaml", REUSED)), "--parallel", "1",
                  out=tmp_path / "reports")
     assert run.code == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    pids = {name: json.loads((run.run_dir / "engines" / name / "engine.json").read_text())["worker_pids"]
-            for name in ("hf", "twin", "patched-a", "patched-b")}
-    assert pids["hf"] == pids["twin"] and len(set(map(tuple, pids.values()))) == 2, pids
-    engines = json.loads((run.run_dir / "engines" / "twin" / "engine.json").read_text())
-    assert engines["phases"]["process_start_s"] == 0.0 and engines["phases"]["imports_s"] < 0.5
+    engines = {name: json.loads((run.run_dir / "engines" / name / "engine.json").read_text())
+               for name in ("hf", "twin", "patched-a", "patched-b", "vllm", "vllm-twin")}
+    pids = {name: tuple(engine["worker_pids"]) for name, engine in engines.items()}
+    assert pids["hf"] == pids["twin"] and pids["vllm"] == pids["vllm-twin"], pids
+    assert len(set(pids.values())) == 3, pids  # patched-a took a worker, patched-b one of its own
+    for twin in ("twin", "vllm-twin"):
+        assert engines[twin]["phases"]["process_start_s"] == 0.0 and engines[twin]["phases"]["imports_s"] < 0.5
+        assert (run.run_dir / "engines" / twin / "worker.log").exists()
     verdicts = run.verdicts.set_index(["engine", "case_id"])
     assert set(verdicts.loc["twin"].verdict) == {"match"}, verdicts.loc["twin"].explanation.tolist()
-    assert (run.run_dir / "engines" / "twin" / "worker.log").exists()
+    tokens = run.results.set_index(["engine", "case_id"]).token_ids
+    assert all(list(tokens.loc[("vllm", case)]) == list(tokens.loc[("vllm-twin", case)])
+               for case in run.results.case_id.unique())

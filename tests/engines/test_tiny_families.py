@@ -43,6 +43,9 @@ def test_family_matches_stays_in_the_floor_and_a_planted_fault_is_named(family: 
                   VLLM + fault_engine(tmp_path, path, options) + EXTRA_ENGINES.get(family, ""))
     verdicts = run.verdicts[run.verdicts.engine == "vllm"]
     assert set(verdicts.verdict) == {"match"}, verdicts.explanation.tolist()
+    vllm_dir = run.run_dir / "engines" / "vllm"  # its trace ran in the worker its generation ran in
+    assert json.loads((vllm_dir / "engine.json").read_text())["worker_pids"] == [int((vllm_dir / "worker.pid")
+                                                                                     .read_text())]
     results = run.results
     assert results.token_ids.map(len).eq(16).all() and results.prompt_ids.map(len).min() >= 10
     found = localisations(run)
