@@ -16,7 +16,7 @@ test: env
 	scripts/ensure_chromium.sh
 	parity models prepare
 	ruff check .
-	python -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	python -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 ## Fast tier: pure logic (verdict rules, noise floor, localisation, tables, validation, rendering), no engine loads.
 test-fast: env

@@ -1,16 +1,20 @@
-"""Suite-wide scheduling: `make test` runs two pytest-xdist processes that take whole test files (--dist loadfile) in
-collection order. Files in alphabetical order leave the slowest ones (tiny families, servers, sampling semantics) for
-the end, where one process can run a five-minute file alone while the other has finished; the slowest files go first
-instead. Test time per file measured on this 2-core machine, 2026-11-25 (seconds): tiny_families 325,
-sampling_semantics 251, servers 232, gemma3_workflow 194, invariance 188, ray 180, llamacpp 177, resume 177. The
-order within a file, and which tests run, do not change."""
+"""Suite-wide scheduling: `make test` runs two pytest-xdist processes that take whole test files (--dist loadfile)
+in collection order (--no-loadscope-reorder: by default xdist would order files by their number of tests, which puts
+the many quick unit files first and the few-test engine files, minutes each, last). The slowest files go first and
+the quick ones fill the gaps at the end, so neither process runs a long file alone while the other has finished.
+Test time per file measured on this 2-core machine, 2026-11-26 (seconds): tiny_families 346, servers 242, ray 205,
+gemma3_workflow 202, llamacpp 197, sampling_semantics 197, resume 177, invariance 174, explain 164, gemma3_explain
+129, beam_search 121, shipped_scenarios 116, gemma3_llamacpp 92. The order within a file, and which tests run, do
+not change."""
 
 from __future__ import annotations
 
 import pytest
 
-SLOWEST_FIRST = ("test_tiny_families.py", "test_sampling_semantics.py", "test_servers.py", "test_gemma3_workflow.py",
-                 "test_invariance.py", "test_ray.py", "test_llamacpp.py", "test_resume.py")
+SLOWEST_FIRST = ("test_tiny_families.py", "test_servers.py", "test_ray.py", "test_gemma3_workflow.py",
+                 "test_llamacpp.py", "test_sampling_semantics.py", "test_resume.py", "test_invariance.py",
+                 "test_explain.py", "test_gemma3_explain.py", "test_beam_search.py", "test_shipped_scenarios.py",
+                 "test_gemma3_llamacpp.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
