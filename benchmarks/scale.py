@@ -15,7 +15,7 @@ prepare_s + write_s over the cases) and its peak RSS (run.json); then the whole 
 side. Medians of --repeats at counts up to 256, one run above.
 
 Usage: python benchmarks/scale.py [--counts 16,256,1024] [--engines vllm,vllm-server,llama.cpp,hf] [--repeats 3]
-       [--tokens 32] [--threads 1] [--no-whole]
+       [--tokens 32] [--threads 1] [--no-whole | --whole-only]
 Targets (issue 29), at 1024 cases: each engine <= 1.1x plain, the whole run <= 1.1x the plain engines side by side,
 the harness's own time <= 5 ms per case and not growing with the count, its peak RSS <= 500 MB.
 """
@@ -260,6 +260,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-whole", action="store_true", help="skip the whole run against the engines side by side")
+    parser.add_argument("--whole-only", action="store_true", help="only the whole run, no engine alone")
     args = parser.parse_args()
     engines = args.engines.split(",")
     model_path = models.resolve(MODEL, "float32")
@@ -278,7 +279,8 @@ def main() -> None:
             print(f"\n# {count} cases x {args.tokens} greedy tokens, {args.threads} thread(s) per engine, "
                   f"{repeats} repeat(s)", flush=True)
             plain_args = (ids_file, args.tokens, args.threads, model_path, gguf)
-            groups = [[e] for e in engines] + ([] if args.no_whole or len(engines) < 2 else [engines])
+            groups = ([] if args.whole_only else [[e] for e in engines]) + \
+                ([] if args.no_whole or len(engines) < 2 else [engines])
             for group in groups:
                 label = f"{count} cases, {'+'.join(group)}"
                 file = scenario(Path(tmp) / f"{count}-{'-'.join(group)}.yaml", group, prompts, args.tokens,

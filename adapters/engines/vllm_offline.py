@@ -314,10 +314,14 @@ class Engine:
 
 
 def reuse_settings(options: Options) -> tuple | None:
-    """A worker whose in-process vLLM engine was closed loads the next one in 2-3 s instead of 10-15 s (vLLM's
-    imports and its sampler's compiled kernel stay): with the settings vLLM reads once per process alike. An engine
-    core in a process of its own is not reused."""
-    return None if options.multiprocessing else (max(1, round(options.kv_cache_gib)), options.batch_invariant)
+    """A worker whose in-process vLLM engine was closed loads the next one in 1-3 s instead of 10-15 s (vLLM's
+    imports and its sampler's compiled kernel stay): with the settings vLLM reads once per process alike. Not
+    reused: an engine core in a process of its own, and speculative decoding (its n-gram proposer imports numba,
+    whose objects break the kernel registration vLLM repeats at each load in the same process: AttributeError
+    '_lib_fn_wrapper' object has no attribute 'get', vLLM 0.32)."""
+    if options.multiprocessing or options.speculative:
+        return None
+    return max(1, round(options.kv_cache_gib)), options.batch_invariant
 
 
 def remove_socket_dir(path: Path) -> None:

@@ -50,6 +50,12 @@ class EnginePlan:
     # worker after it
     leaves_state: bool = False
 
+    @property
+    def fed_in_pieces(self) -> bool:
+        """Its cases go to the engine a few at a time (no scheduler of its own batches them all): per case the
+        slowest kind of engine, so it starts first."""
+        return len(self.batches()) > 1
+
     def batches(self) -> list[list[Request] | list[TraceRequest]]:
         if self.groups is not None:
             return [list(group) for group in self.groups]
