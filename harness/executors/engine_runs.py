@@ -4,7 +4,8 @@ result is journaled to disk, by the driver, as it arrives.
 A worker that fails to load, dies, or exceeds its timeout turns the cases it owed into engine-error results.
 The cases after them go to a restarted worker (up to MAX_RESTARTS times), so one bad case does not sink a run.
 Where the executor allows it, the worker of a finished engine serves the next engine of its kind
-(harness.executors.worker_pool).
+(harness.executors.worker_pool), and a free slot goes to the engine that needs no second worker of a running kind
+(harness.executors.start_next).
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from harness.core.types import Request, Result, TraceRequest, TraceResult
 from harness.executors import choice
 from harness.executors.choice import Executor, Worker
 from harness.executors.local_process import WorkerGone, WorkerTimeout
+from harness.executors.start_next import next_to_start, start_order
 from harness.executors.worker_pool import WorkerPool
 from harness.plan.plans import EnginePlan
 from harness.rundir.journal import JOURNAL, save_engine_info
@@ -181,12 +183,22 @@ def run_plans(plans: list[EnginePlan], parallel: int | None, progress: Progress,
     workers = executor.workers
     runs = [EngineRun(plan, progress, executor, label, workers)
             for plan, label in zip(plans, labels, strict=True)]
-    pool = ThreadPoolExecutor(max_workers=max(1, parallel or executor.parallel(plans)))
-    futures = [pool.submit(run.run) for run in sorted(runs, key=start_order)]
+    slots = max(1, parallel or executor.parallel(plans))
+    waiting, running, futures = sorted(runs, key=start_order), {}, []
+    pool = ThreadPoolExecutor(max_workers=slots)
     interrupted = False
     try:
-        while wait(futures, timeout=0.25).not_done:  # returns when the last one ends; Ctrl-C lands between waits
-            pass
+        while waiting or running:
+            while waiting and len(running) < slots:
+                run = next_to_start(waiting, running.values(), workers, parallel is not None)
+                if run is None:  # the next engines wait for the worker of their kind
+                    break
+                waiting.remove(run)
+                future = pool.submit(run.run)
+                running[future], futures = run, futures + [future]
+            # returns when a run ends (its slot, or its kept worker, is free); Ctrl-C lands between waits
+            for future in wait(running, timeout=0.25, return_when=FIRST_COMPLETED).done:
+                del running[future]
     except KeyboardInterrupt:
         interrupted = True
         for run in runs:
@@ -200,14 +212,6 @@ def run_plans(plans: list[EnginePlan], parallel: int | None, progress: Progress,
         if future.done() and not future.cancelled() and future.exception() is not None:
             raise future.exception()
     return [run.outcome for run in runs], interrupted
-
-
-def start_order(run: EngineRun) -> tuple[bool, bool]:
-    """Engines fed their cases in pieces start first: with fewer engines at once than engines, the longest one
-    starting last would run alone at the end (256 cases through vLLM, its server and HF, two at a time: 1.17x the
-    plain engines side by side with HF started last, 0.91x with HF first). Engines that leave state in their worker
-    start last, so the workers of the others are reused before theirs."""
-    return run.plan.leaves_state, not run.plan.fed_in_pieces
 
 
 def _distinct_params(plan: EnginePlan) -> list[dict]:

@@ -35,6 +35,11 @@ class WorkerPool:
                     return worker
         return None
 
+    def has_idle(self, key: tuple) -> bool:
+        """Whether a worker kept for plans of this reuse key is waiting (it may have died meanwhile: take says)."""
+        with self.lock:
+            return bool(self.idle.get(key))
+
     def give(self, plan: EnginePlan, worker: object) -> bool:
         """Keep the worker of a plan that finished cleanly for the next plan of its kind; False: stop it yourself."""
         if plan.reuse_key is None or plan.leaves_state or not isinstance(worker, WorkerHandle):
