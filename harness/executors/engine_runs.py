@@ -148,8 +148,10 @@ class EngineRun:
                     self.outcome.restarts += 1
             finished = not self.stopped.is_set()
         finally:
-            if self.worker is not None and not (finished and self.pool and self.pool.give(self.plan, self.worker)):
-                self.worker.stop()
+            if self.worker is not None:
+                if not (finished and self.pool and self.pool.give(self.plan, self.worker)):
+                    self.worker.stop()
+                self.worker = None  # stopped, or kept for another engine: this run no longer owns it
             self.journal.close()
             self.progress("done")
         return self.outcome
@@ -201,6 +203,8 @@ def run_plans(plans: list[EnginePlan], parallel: int | None, progress: Progress,
                 del running[future]
     except KeyboardInterrupt:
         interrupted = True
+        for run in runs:  # every run stops first: none takes its worker's death for an engine error
+            run.stopped.set()
         for run in runs:
             run.abort()
         wait(futures, timeout=30)  # workers are dead: the engine threads wind up at once

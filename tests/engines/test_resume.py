@@ -85,15 +85,17 @@ def uninterrupted(tmp_path_factory) -> Path:
     return run.run_dir
 
 
-def interrupted_run(tmp_path: Path, scenario: str, engine: str, after: int):
+def interrupted_run(tmp_path: Path, scenario: str, engine: str, after: int, *args: str):
     out = tmp_path / "reports"
-    proc = start_parity_run(write_scenario(tmp_path / "long.yaml", scenario), out)
+    proc = start_parity_run(write_scenario(tmp_path / "long.yaml", scenario), out, *args)
     wait_for(lambda: journal_lines(out, engine) >= after, timeout=300)
     return proc, next(out.iterdir())
 
 
 def test_ctrl_c_then_resume(tmp_path: Path, uninterrupted: Path) -> None:
-    proc, run_dir = interrupted_run(tmp_path, LONG, "victim", 2)
+    # one engine at a time, so the victim always runs in the worker hf finished with: Ctrl-C once killed it through
+    # hf's run, which still held it, and the victim's thread, not yet told to stop, journaled an engine error
+    proc, run_dir = interrupted_run(tmp_path, LONG, "victim", 2, "--parallel", "1")
     proc.send_signal(signal.SIGINT)
     stdout, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130 and f"parity run --resume {run_dir}" in stdout
