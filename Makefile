@@ -1,9 +1,8 @@
 # The two commands of the README, plus the fast tier. Each creates .venv on first use (scripts/bootstrap.sh).
 VENV ?= .venv
 # pytest processes for `make test` (by file: a module's shared engine runs stay in one process); 0 = all in one process.
-# Three on 2 cores: a third fills the gaps where the other two wait on a start-up or a kill (26 min 15 s against
-# 28 min 22 s with two, the same commit, 2026-11-26)
-TEST_WORKERS ?= 3
+# Three were 7% faster on one commit (26:15 against 28:22) but a Ray Ctrl-C test timed out under their load once
+TEST_WORKERS ?= 2
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: quickstart test test-fast lint env

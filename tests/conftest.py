@@ -1,12 +1,11 @@
-"""Suite-wide scheduling: `make test` runs three pytest-xdist processes (on 2 cores: the third fills the gaps where
-the others wait on a start-up or a kill) that take whole test files (--dist loadfile) in collection order
-(--no-loadscope-reorder: by default xdist would order files by their number of tests, which puts the many quick unit
-files first and the few-test engine files, minutes each, last). The slowest files go first and the quick ones fill the
-gaps at the end, so no process runs a long file alone while the others have finished. Test time per file measured on
-this 2-core machine, 2026-11-26, three processes (seconds): tiny_families 428, servers 385, resume 360, ray 344,
-gemma3_workflow 287, sampling_semantics 272, llamacpp 237, invariance 218, explain 190, beam_search 189,
-gemma3_explain 169, shipped_scenarios 147, gemma3_llamacpp 110; the suite took 24 min 22 s for 4,305 s of test time.
-The order within a file, and which tests run, do not change."""
+"""Suite-wide scheduling: `make test` runs two pytest-xdist processes that take whole test files (--dist loadfile)
+in collection order (--no-loadscope-reorder: by default xdist would order files by their number of tests, which puts
+the many quick unit files first and the few-test engine files, minutes each, last). The slowest files go first and
+the quick ones fill the gaps at the end, so no process runs a long file alone while the other has finished. Test time
+per file measured on this 2-core machine, 2026-11-26, with three processes (seconds): tiny_families 428, servers 385,
+resume 360, ray 344, gemma3_workflow 287, sampling_semantics 272, llamacpp 237, invariance 218, explain 190,
+beam_search 189, gemma3_explain 169, shipped_scenarios 147, gemma3_llamacpp 110 (24 min 22 s for 4,305 s of test
+time). The order within a file, and which tests run, do not change."""
 
 from __future__ import annotations
 

@@ -164,8 +164,9 @@ class EngineRun:
     def abort(self) -> None:
         """Called from the main thread on Ctrl-C: stop dispatching and kill the worker now."""
         self.stopped.set()
-        if self.worker is not None:
-            self.worker.kill()
+        worker = self.worker  # its thread may drop it meanwhile, having stopped it
+        if worker is not None:
+            worker.kill()
 
 
 def run_engines(plans: list[EnginePlan], parallel: int | None,
