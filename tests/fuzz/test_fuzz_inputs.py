@@ -319,11 +319,11 @@ def _edit_json(value: Any, draw) -> Any:
         op = draw(st.sampled_from(["set", "delete", "recurse"]))
         if op == "delete":
             return {k: v for k, v in value.items() if k != key}
-        return {**value, key: _edit_json(value[key], draw) if op == "recurse" else draw(VALUES)}
+        return {**value, key: _edit_json(value[key], draw) if op == "recurse" else copy.deepcopy(draw(VALUES))}
     if isinstance(value, list) and value and draw(st.booleans()):
         i = draw(st.integers(0, len(value) - 1))
         return [*value[:i], _edit_json(value[i], draw), *value[i + 1:]]
-    return draw(VALUES)
+    return copy.deepcopy(draw(VALUES))  # a fresh copy: no shared constant is edited into a cycle later
 
 
 def _edit_parquet(path: Path, draw) -> None:
