@@ -138,12 +138,19 @@ class Engine:
     def __init__(self, setup: EngineSetup):
         self.name, self.options, self.dtype, self.workdir = setup.name, Options(**setup.options), setup.dtype, \
             setup.workdir
-        trace, workdir = setup.trace, setup.workdir
-        if trace:  # forward hooks fire only in eager mode, and only on a model in this process
+        if setup.trace:  # forward hooks fire only in eager mode, and only on a model in this process
             self.options = self.options.model_copy(update={"enforce_eager": True, "multiprocessing": False})
         if self.options.patch and self.options.multiprocessing:
             raise RuntimeError("option patch needs the model in the worker process: set multiprocessing: false")
-        self.sockets = socket_dir(workdir)
+        self.sockets = socket_dir(setup.workdir)
+        try:
+            self._load(setup)
+        except BaseException:  # no close() follows a constructor that raised: its /tmp socket directory would stay
+            remove_socket_dir(self.sockets)
+            raise
+
+    def _load(self, setup: EngineSetup) -> None:
+        trace, workdir = setup.trace, setup.workdir
         env = prepare_env(workdir, self.options, self.sockets)
         os.environ.update(env)
         if "vllm.envs" in sys.modules:  # a worker reused after another vLLM engine: vLLM cached its environment
