@@ -15,7 +15,10 @@ prepare_s + write_s over the cases) and its peak RSS (run.json); then the whole 
 side. Medians of --repeats at counts up to 256, one run above.
 
 Usage: python benchmarks/scale.py [--counts 16,256,1024] [--engines vllm,vllm-server,llama.cpp,hf] [--repeats 3]
-       [--tokens 32] [--threads 1] [--no-whole | --whole-only]
+       [--tokens 32] [--threads 1] [--no-whole | --whole-only] [--together]
+--together runs an engine's plain script and its `parity run` at the same time (each on its own cores: 2 x threads
+needed), so both see the same machine; the one that finishes first leaves the other the machine to itself for the
+rest, which favours the slower side. The whole run always runs its two sides one after the other.
 Targets (issue 29), at 1024 cases: each engine <= 1.1x plain, the whole run <= 1.1x the plain engines side by side,
 the harness's own time <= 5 ms per case and not growing with the count, its peak RSS <= 500 MB.
 """
@@ -26,13 +29,13 @@ import argparse
 import json
 import os
 import random
-import resource
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,42 +181,52 @@ def plain_command(engine: str, ids_file: Path, tokens: int, threads: int, model_
             str(gguf) if engine == "llama.cpp" else free_port()]
 
 
-def finished(proc: subprocess.Popen, spawned: float) -> dict:
-    out, err = proc.communicate()
-    if proc.returncode != 0:
-        sys.exit(f"a plain script exited {proc.returncode}: {err[-2000:]}")
-    phases = json.loads(next(x for x in out.splitlines() if x.startswith("RESULT "))[7:])
-    phases["process_start_s"] = phases.pop("main_at") - spawned
-    return phases
+class Child:
+    """A process whose output goes to files and whose CPU (its own and its waited descendants') comes from wait4,
+    so each side's CPU is its own even when the two sides run at the same time."""
+
+    def __init__(self, command: list[str], env: dict[str, str], folder: Path):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.out, self.err = folder / "stdout", folder / "stderr"
+        with self.out.open("w") as out, self.err.open("w") as err:
+            self.proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=err, text=True)
+
+    def wait(self) -> tuple[int, str, str, float]:
+        _, status, usage = os.wait4(self.proc.pid, 0)
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        return (self.proc.returncode, self.out.read_text(), self.err.read_text(),
+                usage.ru_utime + usage.ru_stime)
 
 
-def plain(engines: list[str], ids_file: Path, tokens: int, threads: int, model_path: Path, gguf: Path) -> dict:
+def plain(engines: list[str], ids_file: Path, tokens: int, threads: int, model_path: Path, gguf: Path,
+          folder: Path) -> dict:
     """The plain scripts of `engines`, side by side (one engine: alone): wall and CPU of them all, phases each."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    procs = {e: subprocess.Popen(plain_command(e, ids_file, tokens, threads, model_path, gguf), env=env(threads),
-                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for e in engines}
-    phases = {e: finished(p, started) for e, p in procs.items()}
-    wall = time.monotonic() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"wall_s": wall, "cpu_s": after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, **phases}
+    children = {e: Child(plain_command(e, ids_file, tokens, threads, model_path, gguf), env(threads), folder / e)
+                for e in engines}
+    phases, cpu = {}, 0.0
+    for engine, child in children.items():
+        code, out, err, used = child.wait()
+        if code != 0:
+            sys.exit(f"a plain script exited {code}: {err[-2000:]}")
+        phases[engine] = json.loads(next(x for x in out.splitlines() if x.startswith("RESULT "))[7:])
+        phases[engine]["process_start_s"] = phases[engine].pop("main_at") - started
+        cpu += used
+    return {"wall_s": time.monotonic() - started, "cpu_s": cpu, **phases}
 
 
 def parity(scenario_file: Path, engines: list[str], out: Path, count: int) -> dict:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "harness", "run", str(scenario_file), "--out", str(out),
-                           "--engines", ",".join(engines)],
-                          env=dict(os.environ), cwd=ROOT, capture_output=True, text=True)
+    child = Child([sys.executable, "-m", "harness", "run", str(scenario_file), "--out", str(out / "runs"),
+                   "--engines", ",".join(engines)], dict(os.environ), out)
+    code, stdout, stderr, cpu = child.wait()
     wall = time.monotonic() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        sys.exit(f"parity run exited {proc.returncode}: {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
-    meta = json.loads(next(out.iterdir()).joinpath("run.json").read_text())
+    if code != 0:
+        sys.exit(f"parity run exited {code}: {stdout[-1500:]}{stderr[-1500:]}")
+    meta = json.loads(next((out / "runs").iterdir()).joinpath("run.json").read_text())
     own = meta["phases"]["prepare_s"] + meta["phases"]["write_s"]
-    return {"wall_s": wall, "cpu_s": after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime,
-            "own_ms_per_case": 1000 * own / count, "peak_rss_mb": meta["phases"].get("peak_rss_mb", float("nan")),
+    return {"wall_s": wall, "cpu_s": cpu, "own_ms_per_case": 1000 * own / count,
+            "peak_rss_mb": meta["phases"].get("peak_rss_mb", float("nan")),
             "harness": meta["phases"], **{name: e["phases"] for name, e in meta["engines"].items()}}
 
 
@@ -230,14 +243,22 @@ def phases(rows: list[dict], engine: str) -> str:
     return ", ".join(f"{k[:-2]} {statistics.median(r[engine][k] for r in rows):.1f}" for k in keys) + summed
 
 
-def compare(label: str, engines: list[str], run_plain, run_parity, repeats: int) -> None:
+def compare(label: str, engines: list[str], run_plain, run_parity, repeats: int, together: bool) -> None:
+    """Each repeat runs the two sides one after the other (alternating which goes first) or, `together`, at the same
+    time: the machine's speed, which drifts here, is then the same for both."""
     rows: dict[str, list[dict]] = {"plain": [], "parity": []}
     for i in range(repeats):
-        for side in (("plain", "parity") if i % 2 == 0 else ("parity", "plain")):
-            row = run_plain() if side == "plain" else run_parity(i)
+        if together:
+            with ThreadPoolExecutor(2) as pool:
+                done = {"plain": pool.submit(run_plain, i), "parity": pool.submit(run_parity, i)}
+                runs = [(side, future.result()) for side, future in done.items()]
+        else:
+            order = ("plain", "parity") if i % 2 == 0 else ("parity", "plain")
+            runs = [(side, run_plain(i) if side == "plain" else run_parity(i)) for side in order]
+        for side, row in runs:
             rows[side].append(row)
-            print(f"  {label} repeat {i + 1} {side:6}: wall {row['wall_s']:.1f} s, cpu {row['cpu_s']:.1f} s",
-                  flush=True)
+            print(f"  {label} repeat {i + 1} {side:6}: wall {row['wall_s']:.1f} s, cpu {row['cpu_s']:.1f} s"
+                  + (" (both sides at once)" if together else ""), flush=True)
     p, h = rows["plain"], rows["parity"]
     ratio = statistics.median(r["wall_s"] for r in h) / statistics.median(r["wall_s"] for r in p)
     print(f"== {label}: plain {spread([r['wall_s'] for r in p])}, parity {spread([r['wall_s'] for r in h])}: "
@@ -261,7 +282,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-whole", action="store_true", help="skip the whole run against the engines side by side")
     parser.add_argument("--whole-only", action="store_true", help="only the whole run, no engine alone")
+    parser.add_argument("--together", action="store_true",
+                        help="an engine alone: its plain script and parity at the same time, each on its own cores")
     args = parser.parse_args()
+    if args.together and 2 * args.threads > (os.cpu_count() or 1):
+        parser.error(f"--together needs 2 x {args.threads} threads of cores, this machine has {os.cpu_count()}")
     engines = args.engines.split(",")
     model_path = models.resolve(MODEL, "float32")
     tokenizer = load_tokenizer(model_path)
@@ -285,10 +310,10 @@ def main() -> None:
                 label = f"{count} cases, {'+'.join(group)}"
                 file = scenario(Path(tmp) / f"{count}-{'-'.join(group)}.yaml", group, prompts, args.tokens,
                                 args.threads)
-                compare(label, group, lambda g=group, a=plain_args: plain(g, *a),
-                        lambda i, f=file, g=group, n=count: parity(f, g, Path(tmp) / f"out-{n}-{'-'.join(g)}-{i}",
-                                                                   n),
-                        repeats)
+                work = Path(tmp) / f"{count}-{'-'.join(group)}"
+                compare(label, group, lambda i, g=group, a=plain_args, w=work: plain(g, *a, w / f"plain-{i}"),
+                        lambda i, f=file, g=group, w=work, c=count: parity(f, g, w / f"parity-{i}", c),
+                        repeats, together=args.together and len(group) == 1)
 
 
 if __name__ == "__main__":
