@@ -24,7 +24,7 @@ from pydantic import Field, field_validator
 from adapters.contract import Capabilities, EngineDescription, EngineOptions, Requirement, SamplingCode, greedy_ignored
 from adapters.engines import llamacpp_gguf
 from adapters.engines.gguf_tensors import describe
-from harness.core.numeric import log_softmax
+from harness.core.numeric import log_softmax, top_k_ids
 from harness.core.types import EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
 from harness.core.vocabulary import SamplingParams
 
@@ -200,7 +200,7 @@ class Engine:
         first = len(request.prompt_ids) - 1  # the row of the scores buffer that predicts the first new token
         logprobs = log_softmax(np.asarray(llm.scores[first:first + len(tokens)], dtype=np.float64))
         k = request.top_logprobs
-        top = np.argsort(-logprobs, axis=-1, kind="stable")[:, :k]
+        top = top_k_ids(logprobs, k)
         rows = np.arange(len(tokens))
         return Result(case_id=request.case_id, engine=self.name, status="ok", prompt_ids=request.prompt_ids,
                       token_ids=tokens, text=self._text(tokens), finish_reason=finish,
