@@ -1,4 +1,6 @@
-"""The shipped scenarios, run for real: HF transformers and vLLM on SmolLM2-135M."""
+"""The shipped scenarios, run for real: HF transformers and vLLM on SmolLM2-135M. (bf16-greedy.yaml's run is the one
+`parity explain` makes of it in tests/engines/test_explain.py, where its verdicts are checked: explain runs the whole
+scenario before tracing the cases that did not match.)"""
 
 from __future__ import annotations
 
@@ -13,11 +15,6 @@ pytestmark = pytest.mark.engines
 @pytest.fixture(scope="module")
 def quickstart(tmp_path_factory) -> ParityRun:
     return parity("run", str(SCENARIOS / "quickstart.yaml"), out=tmp_path_factory.mktemp("quickstart"))
-
-
-@pytest.fixture(scope="module")
-def bf16(tmp_path_factory) -> ParityRun:
-    return parity("run", str(SCENARIOS / "bf16-greedy.yaml"), out=tmp_path_factory.mktemp("bf16"))
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +50,6 @@ def test_run_directory_records_what_verdicts_rest_on(quickstart: ParityRun) -> N
     assert len(steps) == quickstart.results.token_ids.map(len).sum()
     assert steps.top_ids.map(len).eq(5).all()
     assert (quickstart.run_dir / "summary.md").read_text().count("| match |") == 4
-
-
-def test_bf16_divergences_are_only_benign_ties(bf16: ParityRun) -> None:
-    assert bf16.code == 0, bf16.stdout[-3000:]
-    verdicts = bf16.verdicts
-    assert set(verdicts.verdict) <= {"match", "benign_tie"}
-    ties = verdicts[verdicts.verdict == "benign_tie"]
-    assert (ties.engine_token_in_ref_topk & ties.ref_token_in_engine_topk).all()
 
 
 def test_penalty_semantics_names_the_difference(penalties: ParityRun) -> None:
