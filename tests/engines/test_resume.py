@@ -1,6 +1,7 @@
 """`parity run --resume`: a real run is interrupted at several points (Ctrl-C; SIGKILL of the harness, of a worker,
 of the server it started: llama.cpp's, which starts in seconds), then resumed in its directory. Journaled results are
-reused, not recomputed, and the run ends with the content of a run that was never interrupted."""
+reused, not recomputed, and the run ends with the content of a run that was never interrupted. The killed server is
+frozen first, so it dies with cases still pending however loaded the machine is; its finished cases are kept."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from adapters.http.server_process import group_alive
 
 from helpers import ParityRun, journal_lines, parity, start_parity_run, wait_for, write_scenario
 
@@ -156,11 +159,18 @@ def test_killed_server_then_resume(tmp_path: Path) -> None:
     whole = parity("run", str(write_scenario(tmp_path / "whole.yaml", SERVED)), out=tmp_path / "whole")
     assert whole.code == 0, whole.stdout[-2000:]
     proc, run_dir = interrupted_run(tmp_path, SERVED, "served", 1)
-    os.kill(int((run_dir / "engines" / "served" / "server.pid").read_text()), signal.SIGKILL)
-    proc.communicate(timeout=300)
-    assert proc.returncode == 1
-    failed = pd.read_parquet(run_dir / "verdicts.parquet").query("verdict == 'engine_error'")
-    assert len(failed) >= 1 and all("server process killed by signal 9" in e for e in failed.explanation)
+    server_pid = int((run_dir / "engines" / "served" / "server.pid").read_text())
+    os.kill(server_pid, signal.SIGSTOP)  # frozen: it answers nothing more, however loaded the machine is
+    time.sleep(0.5)  # an answer already on its way is journalled
+    assert journal_lines(tmp_path / "reports", "served") < 4  # cases are still pending when the server dies
+    os.kill(server_pid, signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 1, stderr[-2000:]
+    verdicts = pd.read_parquet(run_dir / "verdicts.parquet")
+    failed = verdicts.query("verdict == 'engine_error'")
+    assert len(verdicts) == 4 and 1 <= len(failed) <= 3  # the journalled case is kept
+    assert all("server process killed by signal 9 (SIGKILL)" in e for e in failed.explanation)
+    wait_for(lambda: not group_alive(server_pid), timeout=30)  # its whole process group went with it
 
     run = resume(run_dir)
     assert run.code == 0, run.stdout[-2000:]

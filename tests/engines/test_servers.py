@@ -1,5 +1,6 @@
 """Server engines against a real vLLM OpenAI server on 127.0.0.1: attach by URL, both endpoints, streaming,
-dialects, 4xx errors, a server killed mid-run, and no server left behind after Ctrl-C."""
+dialects, 4xx errors, and no server left behind after Ctrl-C. (A server killed mid-run: tests/engines/test_resume.py,
+with llama.cpp's server, which starts in seconds.)"""
 
 from __future__ import annotations
 
@@ -180,32 +181,11 @@ def test_server_vs_offline_scenario(tmp_path: Path) -> None:
 SERVED = """\
 model: smollm2-135m
 engines:
-  hf: {engine: hf, reference: true, options: {batched: true}}  # the eight one-token prompts in one generate call
-  served: {engine: vllm-server, options: {concurrency: 1, retries: 1}}
-prompts: ["one", "two", "three", "four", "five", "six", "seven", "eight"]
-params: {temperature: 0, max_new_tokens: 120, ignore_eos: true}  # about a second a case: the kill lands mid-run
+  hf: {engine: hf, reference: true}
+  served: {engine: vllm-server}
+prompts: ["one", "two"]
+params: {temperature: 0, max_new_tokens: 8}
 """
-
-
-def test_server_killed_mid_run_keeps_finished_cases(tmp_path: Path) -> None:
-    out = tmp_path / "reports"
-    proc = start_parity_run(write_scenario(tmp_path / "s.yaml", SERVED), out)
-
-    wait_for(lambda: journal_lines(out, "served") >= 1, timeout=400)
-    server_pid = int(next(out.glob("*/engines/served/server.pid")).read_text())
-    os.kill(server_pid, signal.SIGSTOP)  # frozen: it answers nothing more, however loaded the machine is
-    time.sleep(0.5)  # an answer already on its way is journalled
-    assert journal_lines(out, "served") < 8  # cases are still pending when the server dies
-    os.kill(server_pid, signal.SIGKILL)
-    stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 1, stderr[-2000:]
-    run_dir = next(out.iterdir())
-    verdicts = pd.read_parquet(run_dir / "verdicts.parquet")
-    finished = verdicts[verdicts.verdict == "match"]
-    failed = verdicts[verdicts.verdict == "engine_error"]
-    assert len(finished) >= 1 and len(failed) >= 1 and len(finished) + len(failed) == 8
-    assert all("server process killed by signal 9 (SIGKILL)" in e for e in failed.explanation)
-    wait_for(lambda: not group_alive(server_pid), timeout=30)  # its engine processes went with it
 
 
 def test_interrupt_leaves_no_server_process(tmp_path: Path) -> None:
