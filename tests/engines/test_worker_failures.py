@@ -47,8 +47,11 @@ def test_killed_worker_costs_only_its_case(tmp_path: Path) -> None:
 
 
 def test_case_timeout_kills_and_reports(tmp_path: Path) -> None:
+    # the victim's cases are long (400 tokens: no answer within 0.05 s); the reference's need not be
     scenario = LONG.replace("victim: {engine: hf, batch_size: 1}",
-                            "victim: {engine: hf, batch_size: 1, timeouts: {case: 0.05}}")
+                            "victim: {engine: hf, batch_size: 1, timeouts: {case: 0.05}, params: {max_new_tokens: 400}}"
+                            ).replace("params: {max_new_tokens: 400, ignore_eos: true}",
+                                      "params: {max_new_tokens: 8, ignore_eos: true}")
     run = parity("run", str(write_scenario(tmp_path / "s.yaml", scenario)), out=tmp_path / "reports")
     assert run.code == 1
     errors = run.verdicts.explanation.tolist()
