@@ -13,14 +13,16 @@ fi
 python="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 echo "bootstrap: creating $venv with $("$python" --version) (a few minutes; the first time on a machine up to 15 more: llama-cpp-python builds from source)" >&2
 "$python" -m venv "$venv"
+# --no-compile: byte-compiling every installed file took 35 of bootstrap's 144 s here; Python compiles what is imported
 pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet)
+install=("${pip[@]}" install --no-compile)
 read_list() { "$venv/bin/python" -c "import tomllib,sys; print(' '.join(tomllib.load(open('pyproject.toml','rb'))['tool']['llm-parity'][sys.argv[1]]))" "$1"; }
 # llama-cpp-python is built from source (PyPI has no wheel that runs here): native CPU kernels, without the
 # multimodal library the engines do not use; pip caches the wheel, so this build happens once per machine.
 export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON -DLLAVA_BUILD=OFF}"
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
-"${pip[@]}" install -e ".[cpu,vllm,lmdeploy-cpu,llamacpp,ray,test]"
-"${pip[@]}" install --no-deps $(read_list no-deps)
+"${install[@]}" -e ".[cpu,vllm,lmdeploy-cpu,llamacpp,ray,test]"
+"${install[@]}" --no-deps $(read_list no-deps)
 "${pip[@]}" uninstall -y $(read_list remove-after-install) 2>/dev/null || true
 "$venv/bin/python" -c "import transformers, vllm, lmdeploy.messages, scipy, llama_cpp, harness" 2>/dev/null || { echo "bootstrap: import check failed" >&2; exit 1; }
 touch "$stamp"
