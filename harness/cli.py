@@ -192,7 +192,7 @@ def run(scenarios: Annotated[list[Path] | None, typer.Argument(help="scenario YA
 
 @app.command()
 @cli_errors
-def explain(scenario: ScenarioPath,
+def explain(scenarios: ScenarioPaths,
             case: Annotated[list[str] | None, typer.Option(
                 help="case id to explain (repeatable; default: every case that did not match, else the first)")
             ] = None, engines: Engines = None, allow_missing: AllowMissing = False,
@@ -200,13 +200,15 @@ def explain(scenario: ScenarioPath,
                                                          "the floor (default: scenario, 10)")] = None,
             out: Out = Path("reports"), parallel: Parallel = None, executor: ExecutorOpt = ExecutorKind.local,
             ray_address: RayAddress = None) -> None:
-    """Run a scenario, then trace the chosen cases layer by layer in every engine (teacher forcing) and say where
-    the engines part and why: which layer and component, sampler or penalty semantics, a near-tie, a hazard."""
-    from harness.commands import explain_and_print
+    """Run scenario(s), then trace the chosen cases layer by layer in every engine (teacher forcing) and say where
+    the engines part and why: which layer and component, sampler or penalty semantics, a near-tie, a hazard. Several
+    scenarios run as one matrix and are explained in turn, in the same workers (--case names cases of each)."""
+    from harness.commands import explain_all_and_print
     from harness.scenario.spec import load
 
+    loaded = [load(path) for path in scenarios]  # every file is validated before any engine starts
     with executor_scope(executor, ray_address):
-        code = explain_and_print(load(scenario), out, selection(engines, allow_missing, case), k, parallel)
+        code = explain_all_and_print(loaded, out, selection(engines, allow_missing, case), k, parallel)
     raise typer.Exit(code)
 
 

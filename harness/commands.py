@@ -93,18 +93,32 @@ def print_outcome(outcome: RunOutcome) -> RunOutcome:
     return outcome
 
 
-def explain_and_print(scenario: LoadedScenario, out: Path, selection: Selection, k: float | None,
-                      parallel: int | None) -> int:
+def explain_all_and_print(scenarios: list[LoadedScenario], out: Path, selection: Selection, k: float | None,
+                          parallel: int | None) -> int:
+    """Run the scenarios as one matrix, then explain each one's chosen cases in turn. One command keeps its idle
+    workers (harness.executors.worker_pool), so every scenario's traces after the first reuse the run's workers."""
+    outcomes = run_all_and_print(scenarios, out, selection, parallel)
+    codes = []
+    for outcome in outcomes:
+        if outcome.interrupted:
+            return EXIT_INTERRUPTED
+        codes.append(explain_and_print(outcome, selection, k, parallel, named=len(outcomes) > 1))
+        if codes[-1] == EXIT_INTERRUPTED:
+            return EXIT_INTERRUPTED
+    return max(codes)
+
+
+def explain_and_print(outcome: RunOutcome, selection: Selection, k: float | None, parallel: int | None,
+                      named: bool) -> int:
+    """Explain one finished run's chosen cases (named: its lines say which scenario they are about)."""
     from harness.explain.beam_runs import explain_beams, explanation_lines, split_cases
     from harness.explain.localisation_report import localisation_lines
     from harness.explain.orchestrate import choose_cases, explain_run
 
-    outcome = run_and_print(scenario, out, selection, parallel)
-    if outcome.interrupted:
-        return EXIT_INTERRUPTED
+    title = f"explain {outcome.scenario.name}" if named else "explain"
     beam_ids, token_ids = split_cases(outcome, choose_cases(outcome, selection.cases))
     if beam_ids:
-        with console.status(f"explain: each engine's beam-search loop on the reference model's numbers, "
+        with console.status(f"{title}: each engine's beam-search loop on the reference model's numbers, "
                             f"{len(beam_ids)} case(s)"):
             beams = explain_beams(outcome, beam_ids)
         for note in beams.notes:
@@ -112,13 +126,13 @@ def explain_and_print(scenario: LoadedScenario, out: Path, selection: Selection,
         for explanation in beams.explanations:
             for line in explanation_lines(explanation):
                 console.print(line, highlight=False, markup=False)
-        console.print(f"explain: {beams.path}", highlight=False, markup=False)
+        console.print(f"{title}: {beams.path}", highlight=False, markup=False)
         if not token_ids:
             return outcome.exit_code
     progress = EngineProgress()
 
     def on_start(names: list[str], cases: list[str]) -> None:
-        console.print(f"explain: tracing {len(cases)} case(s) in {', '.join(names)}", markup=False, highlight=False)
+        console.print(f"{title}: tracing {len(cases)} case(s) in {', '.join(names)}", markup=False, highlight=False)
         progress.start(names, len(cases))
 
     workers = parallel or max(1, (os.cpu_count() or 1) // outcome.scenario.spec.threads)
@@ -131,7 +145,7 @@ def explain_and_print(scenario: LoadedScenario, out: Path, selection: Selection,
     for loc in result.localisations:
         for line in localisation_lines(loc.model_dump()):
             console.print(line, highlight=False, markup=False)
-    console.print(f"explain: {result.explain_dir / 'summary.md'}", highlight=False, markup=False)
+    console.print(f"{title}: {result.explain_dir / 'summary.md'}", highlight=False, markup=False)
     return EXIT_INTERRUPTED if result.interrupted else outcome.exit_code
 
 

@@ -63,9 +63,8 @@ def parity(*args: str, out: Path | None = None, timeout: float = 900, env: dict[
     assert not foreign, f"parity {' '.join(args)} printed lines the project did not write: {foreign[:5]}"
     run_dirs = sorted(out.iterdir()) if out is not None and out.exists() else []
     run = ParityRun(proc.returncode, proc.stdout, proc.stderr, run_dirs[-1] if run_dirs else None)
-    explained = run.run_dir or (Path(args[1]) if len(args) > 1 and Path(args[1]).is_dir() else None)
-    if args[0] == "explain" and explained is not None:
-        disagree = explain_disagreements(explained)
+    if args[0] == "explain":  # every run explained, when several scenarios were
+        disagree = [d for run_dir in run_dirs for d in explain_disagreements(run_dir)]
         assert not disagree, f"parity {' '.join(args)}: run and explain disagree: {disagree[:5]}"
     return run
 

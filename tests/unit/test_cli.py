@@ -61,6 +61,17 @@ def test_bad_input_is_exit_2_and_writes_nothing(tmp_path: Path, mutation, words:
     assert not (tmp_path / "r").exists()
 
 
+def test_explain_of_several_scenarios_checks_every_case_id_before_running(tmp_path: Path) -> None:
+    """`parity explain A B --case ID`: the id must name a case of each scenario; a scenario without it stops the
+    command before any engine starts, naming that file and its cases."""
+    first = write_scenario(tmp_path / "first.yaml", GOOD.replace('["hi"]', '[{id: shared, text: "hi"}]'))
+    second = write_scenario(tmp_path / "second.yaml", GOOD.replace('["hi"]', '[{id: other, text: "hi"}]'))
+    run = parity_in_process("explain", str(first), str(second), "--case", "shared", "--out", str(tmp_path / "r"))
+    assert run.code == 2 and "Traceback" not in run.stderr, run.stderr
+    assert f"--case: ['shared'] not in {second} (cases: other)" in " ".join(run.stderr.split())
+    assert not (tmp_path / "r").exists()
+
+
 def test_engine_selection_options_are_the_same_for_every_command(tmp_path: Path) -> None:
     scenario = write_scenario(tmp_path / "s.yaml", GOOD)
     for command in ("run", "explain", "transplant", "params", "gate"):
