@@ -1,5 +1,6 @@
 """What the tiny-family explain tests share: the scenario (HF reference, vLLM, an HF copy with a fault planted by a
-patch module written beside it), the seeded draw of the fault, and the capture points a family's map yields."""
+patch module written beside it, named after the family), the seeded draw of the fault, and the capture points a
+family's map yields."""
 
 from __future__ import annotations
 
@@ -49,24 +50,31 @@ def expected_points(arch: ArchMap) -> set[str]:
     return {"embeddings", "final_norm", "logits"} | {f"layers.{n}.{p}" for n in range(LAYERS) for p in per_layer}
 
 
-def fault_engine(folder: Path, path: str, hf_options: dict) -> str:
-    """The scenario line of an HF copy whose module at `path` is 1% off, its patch module written into `folder`."""
-    (folder / "tiny_faults.py").write_text(FAULT_MODULE.format(path=path))
-    options = {**hf_options, "patch": "tiny_faults:plant"}
+def fault_engine(folder: Path, family: str, path: str, hf_options: dict) -> str:
+    """The scenario line of an HF copy whose module at `path` is 1% off, its patch module written into `folder`
+    (one module name per family: several families' scenarios may run in one command)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"tiny_faults_{family}.py").write_text(FAULT_MODULE.format(path=path))
+    options = {**hf_options, "patch": f"tiny_faults_{family}:plant"}
     return f"  fault: {{engine: hf, options: {json.dumps(options)}, expect: {{tokens: any}}}}\n"
 
 
 VLLM = "  vllm: {engine: vllm}\n"
 
 
-def explain(family: str, folder: Path, hf_options: dict | None = None, engines: str = VLLM) -> ParityRun:
-    """`parity explain` of the family's prompt against HF (the reference), which must exit 0; `engines`: the
-    scenario lines of the other engines."""
+def write_explain_scenario(family: str, folder: Path, hf_options: dict | None = None, engines: str = VLLM) -> Path:
+    """The family's prompt against HF (the reference), written into `folder`; `engines`: the scenario lines of the
+    other engines."""
     options = f", options: {json.dumps(hf_options)}" if hf_options else ""
     folder.mkdir(parents=True, exist_ok=True)
-    scenario = SCENARIO.format(family=family, hf_options=options, engines=engines)
-    run = parity("explain", str(write_scenario(folder / "tiny.yaml", scenario)), "--case", "p0",
-                 out=folder / "reports")
+    return write_scenario(folder / f"tiny-{family}.yaml",
+                          SCENARIO.format(family=family, hf_options=options, engines=engines))
+
+
+def explain(family: str, folder: Path, hf_options: dict | None = None, engines: str = VLLM) -> ParityRun:
+    """`parity explain` of the family's scenario (write_explain_scenario), which must exit 0."""
+    scenario = write_explain_scenario(family, folder, hf_options, engines)
+    run = parity("explain", str(scenario), "--case", "p0", out=folder / "reports")
     assert run.code == 0, run.stdout[-3000:] + run.stderr[-2000:]
     return run
 

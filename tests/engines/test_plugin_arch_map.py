@@ -44,7 +44,7 @@ def test_a_family_mapped_from_outside_the_project_is_localised_per_layer(with_pl
     from parity_phi3_map import HF
 
     layer, point, path = planted_fault("phi3", HF)
-    run = explain("phi3", tmp_path, engines=VLLM + fault_engine(tmp_path, path, {}))
+    run = explain("phi3", tmp_path, engines=VLLM + fault_engine(tmp_path, "phi3", path, {}))
     assert set(run.verdicts[run.verdicts.engine == "vllm"].verdict) == {"match"}
     found = localisations(run)
     assert found["vllm"]["cause"] == "none", found["vllm"]["verdict"]

@@ -1,8 +1,10 @@
-"""Every tiny family of harness.models.tiny through HF and vLLM, float32 greedy, by one `parity explain` each: HF
-and vLLM generate the same tokens with logprobs within rounding; vLLM stays inside the noise floor at every capture
-point of the family's map; and a 1% fault planted in an HF copy, at a layer and module the test draws with a seed,
-is named exactly (layer and point). Prompt and generated tokens run past the families' 16-token sliding windows.
-llama.cpp joins qwen2 (inside the floor) and mistral (run without its sliding window, which explain names).
+"""Every tiny family of harness.models.tiny through HF and vLLM, float32 greedy, all in one `parity explain` of
+their scenarios (one matrix: the command's workers serve every family, as a user explaining several models would
+have them do): HF and vLLM generate the same tokens with logprobs within rounding; vLLM stays inside the noise floor
+at every capture point of the family's map; and a 1% fault planted in an HF copy, at a layer and module the test
+draws with a seed, is named exactly (layer and point). Prompt and generated tokens run past the families' 16-token
+sliding windows. llama.cpp joins qwen2 (inside the floor) and mistral (run without its sliding window, which explain
+names).
 
 phi3 is left without a built-in map on purpose: its explain works from the logits alone and names the missing maps
 (tests/engines/test_plugin_arch_map.py adds its map from outside the project)."""
@@ -14,12 +16,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from family_explain import VLLM, expected_points, explain, fault_engine, localisations, planted_fault
+from family_explain import VLLM, expected_points, fault_engine, localisations, planted_fault, write_explain_scenario
 
 from adapters.tracing.arch_maps import arch_map
 from harness.models.tiny import FAMILIES
 
-from helpers import parity, write_scenario
+from helpers import ParityRun, parity, write_scenario
 
 pytestmark = pytest.mark.engines
 
@@ -34,18 +36,50 @@ EXTRA_ENGINES = {"gemma2": "  hf-sdpa: {engine: hf, options: {attn_implementatio
                  "mistral": "  llama.cpp: {engine: llama.cpp, expect: {tokens: any}}\n"}
 
 
-@pytest.mark.parametrize("family", sorted(set(FAMILIES) - {UNMAPPED_FAMILY}))
-def test_family_matches_stays_in_the_floor_and_a_planted_fault_is_named(family: str, tmp_path) -> None:
+MAPPED = sorted(set(FAMILIES) - {UNMAPPED_FAMILY})
+# phi3's vLLM engine also gets a drift verdict, measured at the logits
+UNMAPPED_ENGINES = "  vllm: {engine: vllm, drift: {max_mean_kld: 1.0e-6, min_top1_agreement: 1.0}}\n"
+
+
+@pytest.fixture(scope="module")
+def explained(tmp_path_factory) -> dict[str, ParityRun]:
+    """family -> its run, from one `parity explain` of every family's scenario (case p0), which must exit 0."""
+    root = tmp_path_factory.mktemp("families")  # every scenario and fault module in one folder: a worker kept
+    # for the next engine of its kind must have the same import paths (harness.plan.plans), so one folder lets the
+    # families share the command's HF and vLLM workers
+    scenarios = []
+    for family in MAPPED:
+        options = HF_OPTIONS.get(family, {})
+        path = planted_fault(family, arch_map("hf", FAMILIES[family].model_type))[2]
+        engines = VLLM + fault_engine(root, family, path, options) + EXTRA_ENGINES.get(family, "")
+        scenarios.append(write_explain_scenario(family, root, options, engines))
+    scenarios.append(write_explain_scenario(UNMAPPED_FAMILY, root, engines=UNMAPPED_ENGINES))
+    run = parity("explain", *map(str, scenarios), "--case", "p0", "--parallel", "2", out=root / "reports")
+    assert run.code == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    runs = {}
+    for run_dir in (root / "reports").iterdir():
+        name = json.loads((run_dir / "run.json").read_text())["scenario_name"]
+        runs[name.removeprefix("tiny-")] = ParityRun(run.code, run.stdout, run.stderr, run_dir)
+    assert sorted(runs) == sorted(FAMILIES)
+    return runs
+
+
+def test_the_families_share_the_commands_vllm_workers(explained: dict[str, ParityRun]) -> None:
+    """Every family's vLLM engine generated, and was traced, in workers the command had already started: at most two
+    (--parallel 2: two engines at a time on any machine), not one per family and phase."""
+    dirs = [run.run_dir / "engines" / "vllm" for run in explained.values()]
+    generated = {pid for d in dirs for pid in json.loads((d / "engine.json").read_text())["worker_pids"]}
+    traced = {int((d / "worker.pid").read_text()) for d in dirs}
+    assert traced <= generated and len(generated) <= 2, (generated, traced)
+
+
+@pytest.mark.parametrize("family", MAPPED)
+def test_family_matches_stays_in_the_floor_and_a_planted_fault_is_named(family: str, explained) -> None:
     arch = arch_map("hf", FAMILIES[family].model_type)
     layer, point, path = planted_fault(family, arch)
-    options = HF_OPTIONS.get(family, {})
-    run = explain(family, tmp_path, options,
-                  VLLM + fault_engine(tmp_path, path, options) + EXTRA_ENGINES.get(family, ""))
+    run = explained[family]
     verdicts = run.verdicts[run.verdicts.engine == "vllm"]
     assert set(verdicts.verdict) == {"match"}, verdicts.explanation.tolist()
-    vllm_dir = run.run_dir / "engines" / "vllm"  # its trace ran in the worker its generation ran in
-    assert json.loads((vllm_dir / "engine.json").read_text())["worker_pids"] == [int((vllm_dir / "worker.pid")
-                                                                                     .read_text())]
     results = run.results
     assert results.token_ids.map(len).eq(16).all() and results.prompt_ids.map(len).min() >= 10
     found = localisations(run)
@@ -77,11 +111,10 @@ def test_family_matches_stays_in_the_floor_and_a_planted_fault_is_named(family: 
         assert attn[attn.position < window].rel_l2.max() < 1e-5 < attn[attn.position >= window].rel_l2.max()
 
 
-def test_a_family_without_a_map_matches_is_explained_and_drift_measured_at_the_logits(tmp_path) -> None:
+def test_a_family_without_a_map_matches_is_explained_and_drift_measured_at_the_logits(explained) -> None:
     """phi3 has no per-layer map in either engine: its run matches like the other families', and explain, and the
     drift verdict of that run, work from the logits of each engine's own output; the notes name the missing maps."""
-    run = explain(UNMAPPED_FAMILY, tmp_path,
-                  engines="  vllm: {engine: vllm, drift: {max_mean_kld: 1.0e-6, min_top1_agreement: 1.0}}\n")
+    run = explained[UNMAPPED_FAMILY]
     assert set(run.verdicts.verdict) == {"match"}, run.verdicts.explanation.tolist()
     explain_meta = json.loads((run.run_dir / "explain" / "localisation.json").read_text())
     notes = " ".join(explain_meta["notes"])
