@@ -96,6 +96,17 @@ def prepare_env(workdir: Path, options: Options, sockets: Path) -> dict[str, str
     return env
 
 
+def inspect_models_in_process() -> None:
+    """vLLM inspects a model class it has not cached yet ($VLLM_CACHE_ROOT/modelinfos, once per architecture) in a
+    subprocess that imports vLLM again, so as not to initialise CUDA in the engine's process: 30 s of CPU on a 2-core
+    machine, the first time each architecture runs on a fresh machine (every time in a fresh CI container). On CPU
+    there is no CUDA to protect, and the worker imports the model's module anyway: it inspects the class itself, and
+    vLLM caches the result as before (its server, started later, reads that cache)."""
+    from vllm.model_executor.models import registry
+
+    registry._run_in_subprocess = lambda inspect: inspect()
+
+
 def context_length(needed: int | None) -> int | None:
     """A max_model_len that fits what the run sends (rounded up to 256, at least 512), so vLLM does not size its
     memory profiling and scheduler for the model's full context; None (the model's maximum) when unknown."""
@@ -157,6 +168,7 @@ class Engine:
             sys.modules["vllm.envs"].disable_envs_cache()
         from vllm import LLM
 
+        inspect_models_in_process()
         self.llm = LLM(model=str(setup.model_path), dtype=setup.dtype, enforce_eager=self.options.enforce_eager,
                        max_model_len=self.options.max_model_len or context_length(setup.max_context), seed=0,
                        max_logprobs=20,

@@ -12,6 +12,10 @@ from adapters.tracing.arch_maps import ArchMap
 
 from helpers import ParityRun, parity, write_scenario
 
+# max_logprob_delta: vLLM's float32 logprobs against HF's on the tiny families stayed under 1e-4 on an AVX-512
+# machine; on an AVX2 one (AMD EPYC) at most 2.7e-5, except tiny-glm4's last step, 1.2e-4 in every run: vLLM's CPU
+# kernels differ by instruction set. A broken layer moves them by far more; the traces hold each point to the noise
+# floor.
 SCENARIO = """\
 name: tiny-{family}
 model: tiny-{family}
@@ -21,7 +25,7 @@ engines:
 {engines}prompts:
   - "The quick brown fox jumps over the lazy dog while"
 params: {{max_new_tokens: 16, ignore_eos: true}}
-expect: {{tokens: exact, max_logprob_delta: 0.0001}}
+expect: {{tokens: exact, max_logprob_delta: 0.0005}}
 """
 
 FAULT_MODULE = """\
