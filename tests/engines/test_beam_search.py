@@ -132,5 +132,9 @@ def test_explain_names_numerics_when_both_loops_agree_on_the_same_numbers(numeri
     e = _explained(numerics)["hf-bf16"]
     assert e["cause"] == "numerics", e["verdict"]
     assert e["loops"]["hf"] == e["loops"]["hf-bf16"]  # the same loop on the same numbers
-    assert e["reproduces"] == {"hf": True, "hf-bf16": False}
-    assert "differ from the reference model's by up to" in e["verdict"]
+    # bf16 moves the beams themselves on an AVX-512 machine; on an AVX2 one (AMD EPYC) only their scores (by 0.166)
+    if e["reproduces"]["hf-bf16"]:  # its real beams are hf's: the scores part them
+        assert "the engines return the same 4 beams" in e["verdict"] and "differ by up to" in e["verdict"], e
+    else:
+        assert "differ from the reference model's by up to" in e["verdict"], e["verdict"]
+    assert e["reproduces"]["hf"], e

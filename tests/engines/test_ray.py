@@ -192,7 +192,7 @@ def test_ctrl_c_stops_every_actor_worker_and_server(ray_cluster, tmp_path):
     proc.send_signal(signal.SIGINT)
     code, err = _finish(proc, timeout=120)
     assert code == 130, err[-2000:]
-    wait_for(lambda: not [p for p in pids if _alive(p)], 30)
+    wait_for(lambda: not [p for p in pids if _alive(p)], 120)  # over 30 s once on a slow host
     assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
 
 
