@@ -7,7 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${LLM_PARITY_VENV:-.venv}"
 stamp="$venv/.installed"
-if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && "$venv/bin/python" -c "import harness, vllm, llama_cpp, ray" 2>/dev/null; then
+# installed: the stamp (written after the import check below) and the packages still there; found, not imported
+# (importing vLLM took 13 s of CPU on a slow machine, paid by every make command)
+if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && "$venv/bin/python" -c "import importlib.util as u, sys
+sys.exit(not all(map(u.find_spec, ('harness', 'vllm', 'llama_cpp', 'ray'))))" 2>/dev/null; then
   exit 0
 fi
 python="${PYTHON:-$(command -v python3.11 || command -v python3)}"
