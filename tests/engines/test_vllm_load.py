@@ -31,6 +31,8 @@ def environment_kept() -> Iterator[None]:
 
 
 def test_a_failed_load_removes_its_socket_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No close() follows a constructor that raised, so the constructor itself removes the socket directory it made
+    under /tmp (for a run directory too deep for a Unix socket's 107 bytes)."""
     made: list[Path] = []
     mkdtemp = tempfile.mkdtemp
 
@@ -43,8 +45,6 @@ def test_a_failed_load_removes_its_socket_directory(tmp_path: Path, monkeypatch:
     workdir = tmp_path / ("a-run-directory-too-deep-for-a-socket-" * 2)
     setup = EngineSetup(name="v", model_path=models.resolve("tiny-llama", "float32"), dtype="float32",
                         options={"max_model_len": 1_000_000}, workdir=workdir)  # the model holds 1,024 positions
-    """No close() follows a constructor that raised, so the constructor itself removes the socket directory it made
-    under /tmp (for a run directory too deep for a Unix socket's 107 bytes)."""
     with environment_kept(), pytest.raises(Exception, match="max_model_len"):
         Engine(setup)
     sockets = [p for p in made if p.name.startswith("parity-rpc-")]
