@@ -159,6 +159,13 @@ def _probe(python: str | None, code: str) -> bool | str:
     return done if isinstance(done, str) else done.returncode == 0
 
 
+@cache
+def _cuda_available(python: str | None) -> bool | str:
+    """_probe of CUDA_PROBE, asked once per interpreter and process: importing torch to ask costs seconds, and
+    `parity engines` asks it for every engine that needs CUDA."""
+    return _probe(python, CUDA_PROBE)
+
+
 def check_available(name: str, python: str | None = None, options: dict[str, Any] | None = None,
                     device: bool = True) -> str | None:
     """None when the engine can run with the given interpreter, else the reason it cannot. device False checks the
@@ -180,7 +187,7 @@ def availability(description: EngineDescription, python: str | None = None, opti
         return f"engine {name}: {found}"
     if not found:
         return f"engine {name} needs: {install_hint(requirement)}"
-    if device and description.needs_cuda(options or {}) and _probe(python, CUDA_PROBE) is not True:
+    if device and description.needs_cuda(options or {}) and _cuda_available(python) is not True:
         return (f"engine {name} needs a CUDA GPU ({requirement.distribution} has no CPU backend): "
                 f"torch.cuda.is_available() is false in {python or sys.executable}")
     return None
