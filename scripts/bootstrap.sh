@@ -7,10 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${LLM_PARITY_VENV:-.venv}"
 stamp="$venv/.installed"
-# Byte-compile the installed packages and the project's own once. Python only reads cached bytecode, it never writes it when
-# PYTHONDONTWRITEBYTECODE is set (it is on this machine): without this, every process compiled torch, transformers and
-# vLLM from source again, `import transformers` + AutoModelForCausalLM 20 s of CPU instead of 9 s, vLLM 22 s instead of 8.
-# A file that does not compile (torch ships Python 3.12-only test helpers) is only imported slower, so errors are not fatal.
+# Byte-compile the installed packages and the project's own, once. Python reads cached bytecode but never writes it
+# when PYTHONDONTWRITEBYTECODE is set (it is on this machine): without this, every process compiled torch,
+# transformers and vLLM from source again (`import transformers` + AutoModelForCausalLM 20 s of CPU instead of 9 s,
+# vLLM 22 s instead of 8). A file that does not compile (torch ships Python 3.12-only test helpers) is only imported
+# slower, so errors are not fatal.
 byte_compile() {
   echo "bootstrap: byte-compiling $venv once (about a minute)" >&2
   "$venv/bin/python" -m compileall -qq -j 0 "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" harness adapters || true
