@@ -290,6 +290,23 @@ def list_engines() -> None:
     engines_and_print()
 
 
+@app.command("fork-server")
+@cli_errors
+def fork_server(socket_path: Annotated[Path | None, typer.Argument(
+        help="Unix socket to listen on (default: llm-parity-fork-server.sock in the temp folder)")] = None) -> None:
+    """Import torch, transformers and vLLM once and fork engine workers from here, for many commands: a command run
+    with LLM_PARITY_FORK_SERVER=SOCKET starts each worker without importing them again (about 9 s of CPU less per HF
+    or vLLM worker on 2 cores). Start it in the environment the commands run in; Ctrl-C stops it."""
+    import tempfile
+
+    from harness.core.fork_server import ENV_VAR
+
+    path = socket_path or Path(tempfile.gettempdir()) / "llm-parity-fork-server.sock"
+    console.print(f"fork server: importing torch, transformers and vLLM; then run commands with {ENV_VAR}={path}",
+                  highlight=False, markup=False)
+    os.execv(sys.executable, [sys.executable, "-m", "harness.core.fork_server", str(path)])
+
+
 @env_app.command("create")
 @cli_errors
 def env_create(name: Annotated[str, typer.Argument(help="environment name (see `parity env list`)")],

@@ -14,7 +14,6 @@ import hashlib
 import importlib
 import json
 import os
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -24,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from harness.core.forked_process import run_module
 from harness.core.vocabulary import SamplingParams
 
 CHILD_TIMEOUT_S = 600  # a sampling-code process that answers nothing in this long is abandoned (a note)
@@ -149,8 +149,8 @@ class InBackground:
         job = {"task": "effective", "module": module_name, "kwargs": kwargs, "model_path": model_path, "dtype": dtype,
                "cached": True, "items": [{"case_id": key, "params": p.model_dump(mode="json")}
                                          for key, p in missing.items()]}
-        proc = subprocess.run([sys.executable, "-m", "adapters.sampling.worker"], input=json.dumps(job),
-                              capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+        proc = run_module(sys.executable, "adapters.sampling.worker", json.dumps(job), CHILD_TIMEOUT_S,
+                          dict(os.environ), Path.cwd())
         try:
             items = {i["case_id"]: i["effective"] for i in json.loads(proc.stdout.splitlines()[-1])["items"]}
         except (IndexError, KeyError, TypeError, ValueError):  # a child that crashed or printed no answer

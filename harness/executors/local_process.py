@@ -15,9 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from harness.core.forked_process import ForkedProcess, fork_worker
 from harness.core.paths import PROJECT_ROOT
 from harness.core.processes import worker_env
 from harness.executors.wire import decode, send
+
+WORKER_MODULE = "harness.executors.worker_main"
 
 
 class WorkerGone(Exception):
@@ -50,7 +53,7 @@ class WorkerHandle:
         self.name, self.log_path = name, log_path
         self.python = python or sys.executable
         self.threads, self.import_paths = threads, list(import_paths)
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen | ForkedProcess | None = None
         self.spawned_at: float | None = None  # time.monotonic() when the process was spawned
         self.messages: queue.Queue = queue.Queue()
 
@@ -59,10 +62,11 @@ class WorkerHandle:
         self.log = open(self.log_path, "ab")
         read_fd, write_fd = os.pipe()
         self.spawned_at = time.monotonic()
-        self.process = _spawner.submit(
-            subprocess.Popen, [self.python, "-m", "harness.executors.worker_main"], stdin=subprocess.PIPE,
-            stdout=write_fd, stderr=self.log, cwd=PROJECT_ROOT, text=True,
-            env=worker_env(self.threads, self.import_paths), start_new_session=True).result()
+        env = worker_env(self.threads, self.import_paths)
+        self.process = fork_worker(WORKER_MODULE, env, PROJECT_ROOT, self.python, write_fd, self.log.fileno()) or \
+            _spawner.submit(subprocess.Popen, [self.python, "-m", WORKER_MODULE], stdin=subprocess.PIPE,
+                            stdout=write_fd, stderr=self.log, cwd=PROJECT_ROOT, text=True, env=env,
+                            start_new_session=True).result()
         os.close(write_fd)
         threading.Thread(target=self._read, args=(os.fdopen(read_fd),), daemon=True).start()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.contract import SamplingCode
+from harness.core.forked_process import run_module
 from harness.core.paths import PROJECT_ROOT
 from harness.core.processes import worker_env
 
@@ -38,9 +39,8 @@ class SamplingJob:
         job = {"task": self.task, "module": self.code.module, "kwargs": self.code.kwargs,
                "model_path": str(self.model_path), "dtype": self.dtype, "items": self.items, "cached": self.cached}
         try:
-            proc = subprocess.run([self.python or sys.executable, "-m", "adapters.sampling.worker"],
-                                  input=json.dumps(job), capture_output=True, text=True, timeout=timeout,
-                                  cwd=PROJECT_ROOT, env=worker_env(self.threads))
+            proc = run_module(self.python or sys.executable, "adapters.sampling.worker", json.dumps(job), timeout,
+                              worker_env(self.threads), PROJECT_ROOT)
         except subprocess.TimeoutExpired:
             raise SamplingJobFailed(f"{self.engine} sampling code did not answer within {timeout:g}s") from None
         lines = [line for line in proc.stdout.splitlines() if line.strip()]
