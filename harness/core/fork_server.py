@@ -65,6 +65,7 @@ def serve(socket_path: Path, preload: tuple[str, ...] = PRELOAD) -> int:
                 readable, _, _ = select.select([listener], [], [], 0.2)
                 if readable:
                     connection, _ = listener.accept()
+                    connection.settimeout(10)  # a command that connects and says nothing cannot stall the others
                     forked = _fork_for(connection, listener, waiting)
                     if forked is not None:  # this is the worker now
                         return _run_module(forked)
@@ -79,15 +80,22 @@ def serve(socket_path: Path, preload: tuple[str, ...] = PRELOAD) -> int:
 def _fork_for(connection: socket.socket, listener: socket.socket,
               waiting: dict[int, socket.socket]) -> str | None:
     """Read a request and fork its worker: in the worker, the module to run; in the server, None."""
-    message, fds, _, _ = socket.recv_fds(connection, MAX_REQUEST, 3)
-    while message and not message.endswith(b"\n"):  # a stream: the line may come in pieces
-        message += connection.recv(MAX_REQUEST)
-    request = json.loads(message)
-    refusal = _refusal(request, fds)
+    fds: list[int] = []
+    try:
+        message, fds, _, _ = socket.recv_fds(connection, MAX_REQUEST, 3)
+        while message and not message.endswith(b"\n"):  # a stream: the line may come in pieces
+            piece = connection.recv(MAX_REQUEST)
+            if not piece:
+                raise ValueError("the command closed the connection mid-request")
+            message += piece
+        request = json.loads(message)
+        refusal = _refusal(request, fds)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # a command gone mid-request, or another protocol
+        refusal = f"unreadable request: {exc}"
     if refusal:
         for fd in fds:
             os.close(fd)
-        connection.sendall((json.dumps({"refused": refusal}) + "\n").encode())
+        _tell(connection, {"refused": refusal})
         connection.close()
         return None
     pid = os.fork()
@@ -99,13 +107,19 @@ def _fork_for(connection: socket.socket, listener: socket.socket,
     for fd in fds:
         os.close(fd)
     waiting[pid] = connection
-    connection.sendall((json.dumps({"pid": pid}) + "\n").encode())
+    _tell(connection, {"pid": pid})
     return None
 
 
+def _tell(connection: socket.socket, message: dict[str, Any]) -> None:
+    """One line to a command, which may have gone meanwhile (its worker then ends too: _end_with)."""
+    with contextlib.suppress(OSError):
+        connection.sendall((json.dumps(message) + "\n").encode())
+
+
 def _refusal(request: dict[str, Any], fds: list[int]) -> str | None:
-    if len(fds) != 3:
-        return f"expected 3 file descriptors, got {len(fds)}"
+    if len(fds) != 3 or not isinstance(request.get("module"), str):
+        return f"expected a module and 3 file descriptors, got {len(fds)} descriptors"
     if os.path.abspath(request["python"]) != os.path.abspath(sys.executable):  # a venv's python is a link
         return f"this server runs {sys.executable}, the worker needs {request['python']}"
     return None
@@ -121,8 +135,7 @@ def _reap(waiting: dict[int, socket.socket]) -> None:
             return
         connection = waiting.pop(pid, None)
         if connection is not None:
-            with contextlib.suppress(OSError):
-                connection.sendall((json.dumps({"exit": os.waitstatus_to_exitcode(status)}) + "\n").encode())
+            _tell(connection, {"exit": os.waitstatus_to_exitcode(status)})
             connection.close()
 
 

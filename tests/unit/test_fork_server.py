@@ -94,3 +94,19 @@ def test_run_module_past_its_timeout_is_killed(named, tmp_path):
     (tmp_path / "sleepy.py").write_text("import time\ntime.sleep(60)\n")
     with pytest.raises(subprocess.TimeoutExpired):
         run_module(sys.executable, "sleepy", "", 0.5, {**os.environ, "PYTHONPATH": str(tmp_path)}, tmp_path)
+
+
+def test_a_garbled_request_is_refused_and_the_server_serves_on(server, named, tmp_path):
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as garbled:
+        garbled.connect(str(server))
+        garbled.sendall(b"not json\n")
+        assert b"refused" in garbled.recv(1000)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as gone:  # a command that dies mid-request
+        gone.connect(str(server))
+        gone.sendall(b'{"module": ')
+    process, stdout = forked("json.tool", tmp_path)
+    process.stdin.write("[1]\n")
+    process.stdin.close()
+    assert stdout.read() == "[\n    1\n]\n" and process.wait(10) == 0
