@@ -17,6 +17,7 @@ yourself), and later {"exit": code} when that worker ends, code as subprocess gi
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import importlib
@@ -28,6 +29,7 @@ import signal
 import socket
 import sys
 import threading
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +186,9 @@ def _run_module(module: str) -> int:
             return exit_.code or 0
         print(exit_.code, file=sys.stderr)
         return 1
+    except BaseException:  # what `python -m` does with an uncaught exception
+        traceback.print_exc()
+        return 1
     return 0
 
 
@@ -194,12 +199,15 @@ def main(argv: list[str]) -> int:
         return 2
     # what a spawned worker starts with, before anything reads it: OpenMP's wait policy, transformers' offline mode
     os.environ.update(worker_env(threads=1))
-    server = os.getpid()
     code = serve(Path(argv[0]), tuple(argv[1:]) or PRELOAD)
-    if os.getpid() == server:  # not a worker: skip the interpreter's finalisation, where triton prints its leaks
-        sys.stdout.flush()
-        os._exit(code)
-    return code
+    # The server, or a worker forked from it, ends before the interpreter's finalisation, where triton (imported with
+    # vLLM) prints its "nanobind: leaked ..." report into whatever stderr is: a worker's log, the tail of an error
+    # message. Exit handlers still run, as they would in a spawned worker.
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(ValueError, OSError):  # closed by the module, or its reader gone
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -5,12 +5,14 @@ command that asked for it, as a spawned one does."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import pandas as pd
 import pytest
 
 from harness.core.fork_server import ENV_VAR
+from harness.core.forked_process import run_module
 
 from helpers import parity, start_parity_run, wait_for, write_scenario
 
@@ -73,3 +75,12 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead, waiting for the fork server to reap it
         return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_a_forked_process_ends_without_the_preloaded_modules_exit_noise(tmp_path) -> None:
+    """The server imported vLLM and with it triton, whose extension prints a "nanobind: leaked ..." report at
+    interpreter exit: a forked process's stderr (a worker's log, the tail of an error message) holds only its own."""
+    (tmp_path / "broken.py").write_text("import no_such_module\n")
+    done = run_module(sys.executable, "broken", "", 60, {**os.environ, "PYTHONPATH": str(tmp_path)}, tmp_path)
+    assert done.returncode == 1 and FORKED in done.stderr
+    assert done.stderr.rstrip().endswith("ModuleNotFoundError: No module named 'no_such_module'"), done.stderr[-500:]

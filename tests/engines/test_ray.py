@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from harness.core.fork_server import ENV_VAR
 from harness.models import cache_root
 from tests.helpers import ROOT, ParityRun, journal_lines, parity, start_parity_run, wait_for, write_scenario
 
@@ -46,7 +47,8 @@ class RayTestCluster:
                 "LLM_PARITY_SCRATCH": str(folder / "scratch"),
                 "PYTHONPATH": os.pathsep.join([str(ROOT), str(NODE_SITE)]),
                 "LLM_PARITY_TEST_FORBIDDEN": os.pathsep.join([str(self.out), str(cache_root())]),
-                "LLM_PARITY_TEST_OPENS": str(self.root / "driver-paths-opened.log")}
+                "LLM_PARITY_TEST_OPENS": str(self.root / "driver-paths-opened.log"),
+                ENV_VAR: ""}  # another machine: the driver's fork server (tests/engines/conftest.py) is not there
 
     def add_node(self, name: str, cache_of: str | None = None):
         return self.cluster.add_node(num_cpus=1, resources={name: 1}, env_vars=self.node_env(name, cache_of),
