@@ -144,8 +144,8 @@ def _reap(waiting: dict[int, socket.socket]) -> None:
 def _become_worker(request: dict[str, Any], fds: list[int]) -> None:
     """In the forked child: the session, signals, descriptors, environment and folder a spawned worker would have."""
     os.setsid()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as a new interpreter sets it: KeyboardInterrupt
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
