@@ -10,7 +10,8 @@ process, and the server itself never runs an engine.
 The server stays single-threaded (forking a threaded process can copy a held lock) and never runs a torch operation,
 so no OpenMP thread pool exists to be copied: each worker makes its own with its own thread count.
 
-Protocol, one connection per worker: the command sends one JSON line {"module", "env", "cwd", "python", "harness_pid"}
+Protocol, one connection per worker: the command sends one JSON line {"module", "args", "env", "cwd", "python",
+"harness_pid"}
 with three file descriptors (stdin, stdout, stderr); the server answers {"pid": N} (or {"refused": why}: spawn it
 yourself), and later {"exit": code} when that worker ends, code as subprocess gives it (negative: killed by a signal).
 """
@@ -30,14 +31,19 @@ import socket
 import sys
 import threading
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from harness.core.processes import die_with_parent, worker_env
 
 ENV_VAR = "LLM_PARITY_FORK_SERVER"
-# what HF and vLLM workers and the engines' sampling code import first; a module not installed here is skipped
-PRELOAD = ("torch", "transformers", "transformers.models.auto.modeling_auto", "transformers.generation", "vllm")
+# what HF and vLLM workers and the engines' sampling code import; a module not installed here is skipped. Measured
+# after torch, transformers and vllm (AVX2 EPYC): vllm.LLM's module 6.6-8.8 s of CPU, HF's Llama model 1.1 s, vLLM's
+# Llama model and CPU model runner 0.4 s each; none starts a thread
+PRELOAD = ("torch", "transformers", "transformers.models.auto.modeling_auto", "transformers.generation",
+           "transformers.models.llama.modeling_llama", "vllm", "vllm.entrypoints.llm",
+           "vllm.model_executor.models.llama", "vllm.v1.worker.cpu_model_runner")
 MAX_REQUEST = 1 << 20  # bytes: the environment dominates a request
 
 
@@ -45,10 +51,11 @@ def serve(socket_path: Path, preload: tuple[str, ...] = PRELOAD) -> int:
     """Import `preload`, then answer fork requests on socket_path until SIGTERM, SIGINT or the parent's death."""
     die_with_parent()
     imported = []
-    for module in preload:
-        with contextlib.suppress(ImportError):
-            importlib.import_module(module)
-            imported.append(module)
+    with _notices_discarded():
+        for module in preload:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(module)
+                imported.append(module)
     gc.collect()
     gc.freeze()  # the imports' objects: never traversed again by a worker's collections, shared copy-on-write
     socket_path.unlink(missing_ok=True)
@@ -70,7 +77,7 @@ def serve(socket_path: Path, preload: tuple[str, ...] = PRELOAD) -> int:
                     connection.settimeout(10)  # a command that connects and says nothing cannot stall the others
                     forked = _fork_for(connection, listener, waiting)
                     if forked is not None:  # this is the worker now
-                        return _run_module(forked)
+                        return _run_module(*forked)
             _reap(waiting)
         return 0
     finally:
@@ -79,9 +86,29 @@ def serve(socket_path: Path, preload: tuple[str, ...] = PRELOAD) -> int:
             socket_path.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def _notices_discarded() -> Iterator[None]:
+    """Standard output and error go nowhere meanwhile: what the imports log at import time (vLLM's "Triton is
+    installed, but doesn't include CPU backend") is not the server's output. An exception still reaches stderr."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 1)
+        os.dup2(devnull.fileno(), 2)
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        for target, fd in enumerate(saved, start=1):
+            os.dup2(fd, target)
+            os.close(fd)
+
+
 def _fork_for(connection: socket.socket, listener: socket.socket,
-              waiting: dict[int, socket.socket]) -> str | None:
-    """Read a request and fork its worker: in the worker, the module to run; in the server, None."""
+              waiting: dict[int, socket.socket]) -> tuple[str, list[str]] | None:
+    """Read a request and fork its worker: in the worker, the module to run and its arguments; in the server, None."""
     fds: list[int] = []
     try:
         message, fds, _, _ = socket.recv_fds(connection, MAX_REQUEST, 3)
@@ -105,7 +132,7 @@ def _fork_for(connection: socket.socket, listener: socket.socket,
         for other in (listener, connection, *waiting.values()):
             other.close()
         _become_worker(request, fds)
-        return request["module"]
+        return request["module"], request.get("args", [])
     for fd in fds:
         os.close(fd)
     waiting[pid] = connection
@@ -122,6 +149,8 @@ def _tell(connection: socket.socket, message: dict[str, Any]) -> None:
 def _refusal(request: dict[str, Any], fds: list[int]) -> str | None:
     if len(fds) != 3 or not isinstance(request.get("module"), str):
         return f"expected a module and 3 file descriptors, got {len(fds)} descriptors"
+    if not all(isinstance(arg, str) for arg in request.get("args", [])):
+        return "expected the module's arguments as a list of strings"
     if os.path.abspath(request["python"]) != os.path.abspath(sys.executable):  # a venv's python is a link
         return f"this server runs {sys.executable}, the worker needs {request['python']}"
     return None
@@ -176,9 +205,9 @@ def _end_with(harness_pid: int) -> None:
     threading.Thread(target=watch, daemon=True, name="harness-watch").start()
 
 
-def _run_module(module: str) -> int:
-    """Run `module` as `python -m module` would, in this forked child; its exit code."""
-    sys.argv[1:] = []
+def _run_module(module: str, args: list[str]) -> int:
+    """Run `module` as `python -m module args...` would, in this forked child; its exit code."""
+    sys.argv[1:] = args
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exit_:

@@ -41,11 +41,11 @@ class ForkedProcess:
         return self.returncode
 
 
-def fork_worker(module: str, env: dict[str, str], cwd: Path, python: str, stdout: int, stderr: int) -> \
-        ForkedProcess | None:
-    """`python -m module` forked by the server LLM_PARITY_FORK_SERVER names, with this environment, folder, stdout and
-    stderr (file descriptors) and a new stdin pipe; None when no server is named, none answers, or it cannot serve
-    this python: then spawn the worker as usual."""
+def fork_worker(module: str, env: dict[str, str], cwd: Path, python: str, stdout: int, stderr: int,
+                args: list[str] | None = None) -> ForkedProcess | None:
+    """`python -m module args...` forked by the server LLM_PARITY_FORK_SERVER names, with this environment, folder,
+    stdout and stderr (file descriptors) and a new stdin pipe; None when no server is named, none answers, or it
+    cannot serve this python: then spawn the worker as usual."""
     address = os.environ.get(ENV_VAR)
     if not address:
         return None
@@ -53,7 +53,8 @@ def fork_worker(module: str, env: dict[str, str], cwd: Path, python: str, stdout
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         connection.connect(address)
-        request = {"module": module, "env": env, "cwd": str(cwd), "python": python, "harness_pid": os.getpid()}
+        request = {"module": module, "args": args or [], "env": env, "cwd": str(cwd), "python": python,
+                   "harness_pid": os.getpid()}
         socket.send_fds(connection, [json.dumps(request).encode() + b"\n"], [stdin_read, stdout, stderr])
         replies = connection.makefile("r", encoding="utf-8")
         reply = json.loads(replies.readline() or "{}")

@@ -25,9 +25,10 @@ def prepared_models() -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def fork_server(tmp_path_factory) -> Iterator[Path]:
-    """Every `parity` command of the suite forks its engine workers from one process that imported torch and
-    transformers once (harness.core.fork_server), instead of each worker importing them again: about 9 s of CPU
-    less per HF or vLLM worker on 2 cores. test_fork_server holds forked and spawned workers to the same results."""
+    """Every `parity` command of the suite forks its engine workers, sampling-code runs and `python -m` servers from
+    one process that imported torch, transformers and vLLM once (harness.core.fork_server), instead of each importing
+    them again: 8-16 s of CPU less per HF or vLLM worker on 2 cores. test_forked_workers holds forked and spawned
+    workers to the same results."""
     socket_path = tmp_path_factory.mktemp("fork-server") / "server.sock"
     server = subprocess.Popen([sys.executable, "-m", "harness.core.fork_server", str(socket_path)],
                               stdout=subprocess.PIPE, text=True, cwd=ROOT)

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from adapters.http.server_process import ServerProcess, free_port, group_alive
 from harness.core.fork_server import ENV_VAR
-from harness.core.forked_process import fork_worker, run_module
+from harness.core.forked_process import ForkedProcess, fork_worker, run_module
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +111,15 @@ def test_a_garbled_request_is_refused_and_the_server_serves_on(server, named, tm
     process.stdin.write("[1]\n")
     process.stdin.close()
     assert stdout.read() == "[\n    1\n]\n" and process.wait(10) == 0
+
+
+def test_a_server_command_is_forked_with_its_arguments_and_stopped_with_its_group(named, tmp_path):
+    port = free_port()
+    server = ServerProcess([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)], dict(os.environ),
+                           tmp_path / "server.log", tmp_path / "server.pid")
+    assert isinstance(server.process, ForkedProcess)
+    assert server.wait_ready(f"http://127.0.0.1:{port}/", timeout=30) >= 0  # it got its --bind and port
+    assert int((tmp_path / "server.pid").read_text()) == server.process.pid
+    server.stop(grace=5)
+    assert server.process.poll() == -signal.SIGTERM and not group_alive(server.process.pid)
+    assert (tmp_path / "server.log").read_text().startswith("worker forked by the fork server")
