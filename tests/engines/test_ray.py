@@ -191,8 +191,10 @@ def test_a_removed_node_costs_only_its_own_cases(ray_cluster, tmp_path):
 
 
 def test_ctrl_c_stops_every_actor_worker_and_server(ray_cluster, tmp_path):
+    # 48 tokens: llama-cpp-python's server takes about 0.18 s a token here with logprobs (it sorts the vocabulary in
+    # Python), so a case is ~9 s and five are still to come at the Ctrl-C (at 256 tokens the first case alone was 46 s)
     scenario = write_scenario(tmp_path / "interrupted.yaml", SCENARIO.format(
-        name="interrupted", second="s", node="node_b", tokens=256).replace(
+        name="interrupted", second="s", node="node_b", tokens=48).replace(
         "{engine: hf, batch_size: 1,", "{engine: llama.cpp-server, batch_size: 1,"))
     proc = ray_cluster.run(scenario)
     wait_for(lambda: ray_cluster.journaled(scenario, "s") >= 1, 400)
