@@ -11,9 +11,9 @@ The server stays single-threaded (forking a threaded process can copy a held loc
 so no OpenMP thread pool exists to be copied: each worker makes its own with its own thread count.
 
 Protocol, one connection per worker: the command sends one JSON line {"module", "args", "env", "cwd", "python",
-"harness_pid"}
-with three file descriptors (stdin, stdout, stderr); the server answers {"pid": N} (or {"refused": why}: spawn it
-yourself), and later {"exit": code} when that worker ends, code as subprocess gives it (negative: killed by a signal).
+"harness_pid"} with three file descriptors (stdin, stdout, stderr); the server answers {"pid": N} (or {"refused": why}:
+spawn it yourself), and later {"exit": code} when that worker ends, code as subprocess gives it (negative: killed by a
+signal).
 """
 
 from __future__ import annotations
@@ -149,7 +149,8 @@ def _tell(connection: socket.socket, message: dict[str, Any]) -> None:
 def _refusal(request: dict[str, Any], fds: list[int]) -> str | None:
     if len(fds) != 3 or not isinstance(request.get("module"), str):
         return f"expected a module and 3 file descriptors, got {len(fds)} descriptors"
-    if not all(isinstance(arg, str) for arg in request.get("args", [])):
+    args = request.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(arg, str) for arg in args):
         return "expected the module's arguments as a list of strings"
     if os.path.abspath(request["python"]) != os.path.abspath(sys.executable):  # a venv's python is a link
         return f"this server runs {sys.executable}, the worker needs {request['python']}"

@@ -123,3 +123,12 @@ def test_a_server_command_is_forked_with_its_arguments_and_stopped_with_its_grou
     server.stop(grace=5)
     assert server.process.poll() == -signal.SIGTERM and not group_alive(server.process.pid)
     assert (tmp_path / "server.log").read_text().startswith("worker forked by the fork server")
+
+
+def test_arguments_that_are_not_a_list_of_strings_are_refused():
+    from harness.core.fork_server import _refusal
+
+    request = {"module": "json.tool", "python": sys.executable}
+    assert _refusal({**request, "args": ["--sort-keys"]}, [0, 1, 2]) is None
+    for args in ("--sort-keys", [1], {"a": "b"}):
+        assert "list of strings" in _refusal({**request, "args": args}, [0, 1, 2])
