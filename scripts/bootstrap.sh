@@ -35,7 +35,12 @@ read_list() { "$venv/bin/python" -c "import tomllib,sys; print(' '.join(tomllib.
 # multimodal library the engines do not use; pip caches the wheel, so this build happens once per machine.
 export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON -DLLAVA_BUILD=OFF}"
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
-"${install[@]}" -e ".[cpu,vllm,lmdeploy-cpu,llamacpp,ray,test]"
+# A current pip first: it fetches and unpacks the same wheels faster than Python 3.11's bundled pip 23.2 (this
+# install 122 s against 173 s here; `parity env create lmdeploy --dry-run`, 71 wheels and 3 GB of CUDA builds
+# downloaded from this machine's index, which offers no metadata files: 39 s against 74 s). It shows the build
+# backend's warnings, --quiet or not: setuptools' note on editable installs is not the project's to print.
+"${pip[@]}" install --no-compile pip==26.3
+PYTHONWARNINGS="ignore:Editable installation" "${install[@]}" -e ".[cpu,vllm,lmdeploy-cpu,llamacpp,ray,test]"
 "${install[@]}" --no-deps $(read_list no-deps)
 "${pip[@]}" uninstall -y $(read_list remove-after-install) 2>/dev/null || true
 "$venv/bin/python" -c "import transformers, vllm, lmdeploy.messages, scipy, llama_cpp, harness" 2>/dev/null || { echo "bootstrap: import check failed" >&2; exit 1; }
