@@ -21,7 +21,7 @@ test: env
 
 ## Fast tier: pure logic (verdict rules, noise floor, localisation, tables, validation, rendering), no engine loads.
 test-fast: env
-	python -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+	python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) tests/unit $(PYTEST_ARGS)
 
 lint: env
 	ruff check .
