@@ -28,5 +28,9 @@ def worker_env(threads: int, import_paths: list[str] = ()) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), *import_paths, env.get("PYTHONPATH")])),
         "PYTHONUNBUFFERED": "1",
+        # torch's inductor (vLLM compiles its logprob-rank kernel with it) rebuilds a precompiled C++ header in every
+        # process whose temp folder lacks one, even when the kernel itself is cached: 8-10 s of g++ per vLLM server
+        # start, whose TMPDIR is its run's folder (a cached kernel needs no header; a new one compiles without)
+        "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
     })
     return env
