@@ -26,6 +26,7 @@ from adapters.contract import (
     greedy_ignored,
     request_knobs,
 )
+from adapters.engines.vllm_startup import lighten_vllm_startup
 from adapters.tracing.capture import LOGITS_SLICE, Capture, run_traces
 from harness.core.types import Beam, EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
 from harness.core.vocabulary import SamplingParams
@@ -97,17 +98,6 @@ def prepare_env(workdir: Path, options: Options, sockets: Path) -> dict[str, str
     return env
 
 
-def inspect_models_in_process() -> None:
-    """vLLM inspects a model class it has not cached yet ($VLLM_CACHE_ROOT/modelinfos, once per architecture) in a
-    subprocess that imports vLLM again, so as not to initialise CUDA in the engine's process: 30 s of CPU on a 2-core
-    machine, the first time each architecture runs on a fresh machine (every time in a fresh CI container). On CPU
-    there is no CUDA to protect, and the worker imports the model's module anyway: it inspects the class itself, and
-    vLLM caches the result as before (its server, started later, reads that cache)."""
-    from vllm.model_executor.models import registry
-
-    registry._run_in_subprocess = lambda inspect: inspect()
-
-
 def context_length(needed: int | None) -> int | None:
     """A max_model_len that fits what the run sends (rounded up to 256, at least 512), so vLLM does not size its
     memory profiling and scheduler for the model's full context; None (the model's maximum) when unknown."""
@@ -169,7 +159,7 @@ class Engine:
             sys.modules["vllm.envs"].disable_envs_cache()
         from vllm import LLM
 
-        inspect_models_in_process()
+        lighten_vllm_startup()
         # vLLM's start-up calls gc.collect() five times, each walking every object its imports made (2.0 s of LLM()'s
         # 10-11 s under a profiler, SmolLM2 on an AVX2 EPYC); collected once here, then frozen, they are not walked
         # again: LLM() medians of 3, 6.9 s to 5.4 s. A reused worker's previous engine is collected before freezing.
