@@ -55,7 +55,7 @@ def echo_positions(token_ids: list[int], bos: int | None) -> list[tuple[int, boo
 def command(setup: EngineSetup, port: int, options: Options, gguf: str, threads: int) -> list[str]:
     n_ctx = max(512, -(-(setup.max_context or 512) // 256) * 256)
     kv = str(GGML_TYPES[options.kv_cache])
-    return [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1", "--port", str(port),
+    return [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", options.bind, "--port", str(port),
             "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx),
             "--n_batch", str(n_ctx), "--logits_all", "true", "--type_k", kv, "--type_v", kv,
             "--last_n_tokens_size", str(options.last_n_tokens), *options.extra_args]
@@ -109,8 +109,12 @@ class Engine(ServedEngine):
     def launch(self, setup: EngineSetup, port: int) -> Launch:
         self.gguf = gguf_file(setup, self.options.gguf)
         threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
-        return Launch(command(setup, port, self.options, self.gguf, threads), dict(os.environ),
-                      health_path="/v1/models")
+        # llama_cpp.server reads its settings from the environment too: the key goes there as API_KEY (never on the
+        # command line: ps shows that), and a shell's unrelated API_KEY must not make the server demand one
+        env = {k: v for k, v in os.environ.items() if k.upper() != "API_KEY"}
+        if self.options.api_key_env:
+            env["API_KEY"] = os.environ[self.options.api_key_env]
+        return Launch(command(setup, port, self.options, self.gguf, threads), env, health_path="/v1/models")
 
     def versions(self) -> dict[str, str]:
         info = {**super().versions(), "llama-cpp-python": installed_version("llama-cpp-python")}

@@ -92,21 +92,22 @@ class ServedEngine(OpenAIEngine):
         if self.options.url:
             base = api_base(self.options.url)
         else:
-            base = self._start(setup)
+            base = self._start(setup, headers)
         alive = self.server.gone if self.server else (lambda: None)
         self.connect(setup.model_path, base, DIALECTS[self.DIALECT], self.options, headers, alive)
 
     def launch(self, setup: EngineSetup, port: int) -> Launch:
         raise NotImplementedError
 
-    def _start(self, setup: EngineSetup) -> str:
+    def _start(self, setup: EngineSetup, headers: dict[str, str]) -> str:
         port = free_port()
         self.launched = self.launch(setup, port)
         started = time.monotonic()
         self.server = ServerProcess(self.launched.command, {**THREADS_UNSET, **self.launched.env},
                                     setup.workdir / "server.log", setup.workdir / "server.pid")
         try:
-            self.server.wait_ready(f"http://127.0.0.1:{port}{self.launched.health_path}", self.options.startup_timeout)
+            self.server.wait_ready(f"http://127.0.0.1:{port}{self.launched.health_path}", self.options.startup_timeout,
+                                   headers)
         except BaseException:
             self.close()
             raise

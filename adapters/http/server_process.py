@@ -49,15 +49,16 @@ class ServerProcess:
             return []
         return [line[:300] for line in lines[-n:]]
 
-    def wait_ready(self, url: str, timeout: float) -> float:
-        """Poll url until it answers 200; returns seconds waited. Raises RuntimeError if the server dies or is slow."""
+    def wait_ready(self, url: str, timeout: float, headers: dict[str, str] | None = None) -> float:
+        """Poll url (with headers: a server that wants a key guards its health path too) until it answers 200;
+        returns seconds waited. Raises RuntimeError if the server dies or is slow."""
         started = time.monotonic()
         while time.monotonic() - started < timeout:
             gone = self.gone()
             if gone:
                 raise RuntimeError(f"server did not start: {gone}")
             try:
-                if httpx.get(url, timeout=2).status_code == 200:
+                if httpx.get(url, headers=headers, timeout=2).status_code == 200:
                     return time.monotonic() - started
             except httpx.HTTPError:
                 pass

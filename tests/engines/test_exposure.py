@@ -1,8 +1,9 @@
 """Secrets and exposure, on a real run: an API key planted in an environment variable the scenario names is used
-(the vLLM server the harness starts requires it) and appears in no file, log, report or message; a server the
-scenario lets listen beyond loopback is named in every report; and a real model's answer that is HTML (SmolLM2
-asked to repeat an <img onerror> tag and to write a <script>) stays inert text in the report, checked in the real
-headless Chromium the report tests use."""
+(the llama.cpp server the harness starts requires it) and appears in no file, log, report or message; a server the
+scenario lets listen beyond loopback listens there and is named in every report; and a real model's answer that is
+HTML (SmolLM2 asked to repeat an <img onerror> tag and to write a <script>) stays inert text in the report, checked
+in the real headless Chromium the report tests use. (The vLLM server's key, also planted in its environment only, is
+held to the same in tests/engines/test_servers.py; its server takes a minute to start here, llama.cpp's seconds.)"""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import re
 import secrets
 from pathlib import Path
 
+import httpx
 import pytest
 
+from adapters.engines.llamacpp_server import Engine as LlamaServer
 from adapters.engines.vllm_server import Engine as VllmServer
 from harness import models
 from harness.core.types import EngineSetup
@@ -28,7 +31,7 @@ name: exposed
 model: smollm2-135m
 engines:
   hf: {{engine: hf, reference: true}}
-  served: {{engine: vllm-server, options: {{api_key_env: {KEY_ENV}, bind: 0.0.0.0, allow_remote: true}}}}
+  served: {{engine: llama.cpp-server, options: {{api_key_env: {KEY_ENV}, bind: 0.0.0.0, allow_remote: true}}}}
 prompts:
   - {{id: img, messages: [{{role: user, content: 'Repeat this HTML exactly: <img src=x onerror="document.title=1">'}}]}}
   - {{id: script, messages: [{{role: user, content: "Write an HTML snippet with a script tag that shows an alert."}}]}}
@@ -60,15 +63,42 @@ def test_the_planted_key_is_in_no_output(exposed, tmp_path: Path) -> None:
     assert run.meta["engines"]["served"]["options"]["api_key_env"] == KEY_ENV  # the name is recorded, not the key
 
 
-def test_the_server_gets_the_key_in_its_environment_not_its_command_line(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize(("server", "key_var"), [(VllmServer, "VLLM_API_KEY"), (LlamaServer, "API_KEY")])
+def test_the_server_gets_the_key_in_its_environment_not_its_command_line(server, key_var, tmp_path: Path,
+                                                                         monkeypatch) -> None:
     monkeypatch.setenv(KEY_ENV, KEY)
     setup = EngineSetup(name="s", model_path=models.resolve("tiny-llama", "float32"), dtype="float32",
                         options={"api_key_env": KEY_ENV}, workdir=tmp_path)
-    engine = VllmServer.__new__(VllmServer)  # launch() only builds the command; nothing is started
-    engine.options = VllmServer.Options(**setup.options)
+    engine = server.__new__(server)  # launch() only builds the command; nothing is started
+    engine.options = server.Options(**setup.options)
     launch = engine.launch(setup, 8000)
-    assert launch.env["VLLM_API_KEY"] == KEY and not any(KEY in arg for arg in launch.command)
+    assert launch.env[key_var] == KEY and not any(KEY in arg for arg in launch.command)
     assert launch.command[launch.command.index("--host") + 1] == "127.0.0.1"  # loopback unless the scenario says
+
+
+def test_a_started_llama_cpp_server_demands_the_key_and_listens_where_told(tmp_path: Path, monkeypatch) -> None:
+    """A shell's unrelated API_KEY does not reach the server; the scenario's key does, and bind is honoured."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    monkeypatch.setenv("API_KEY", "not-the-scenarios-key")
+    setup = EngineSetup(name="s", model_path=models.resolve("tiny-llama", "float32"), dtype="float32",
+                        options={"api_key_env": KEY_ENV, "bind": "0.0.0.0", "allow_remote": True}, workdir=tmp_path)
+    engine = LlamaServer(setup)
+    try:
+        port = int(engine.base_url.rsplit(":", 1)[1].split("/")[0])
+        assert httpx.get(f"{engine.base_url}/models", timeout=10).status_code == 401
+        assert httpx.get(f"{engine.base_url}/models", headers={"Authorization": "Bearer not-the-scenarios-key"},
+                         timeout=10).status_code == 401
+        assert httpx.get(f"{engine.base_url}/models", headers={"Authorization": f"Bearer {KEY}"},
+                         timeout=10).status_code == 200
+        assert f"00000000:{port:04X}" in _listening_sockets()  # 0.0.0.0, not 127.0.0.1
+    finally:
+        engine.close()
+
+
+def _listening_sockets() -> str:
+    """Local addresses (hex address:port, as the kernel lists them) of this machine's listening IPv4 TCP sockets."""
+    rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return " ".join(row.split()[1] for row in rows if row.split()[3] == "0A")
 
 
 def test_a_server_bound_beyond_loopback_is_named_in_every_report(exposed) -> None:

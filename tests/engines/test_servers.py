@@ -10,6 +10,7 @@ import signal
 import time
 from pathlib import Path
 
+import httpx
 import pandas as pd
 import pytest
 
@@ -26,18 +27,30 @@ API_KEY_ENV = "PARITY_TEST_API_KEY"
 
 
 @pytest.fixture(scope="module")
-def server_url(tmp_path_factory):
-    """One real vLLM server for this module, started with an API key by the vllm-server engine itself, stopped at
-    the end."""
+def served(tmp_path_factory):
+    """One real vLLM server for this module, started with an API key by the vllm-server engine itself (the key in its
+    environment, from the env var api_key_env names), stopped at the end."""
     os.environ[API_KEY_ENV] = "secret-test-key"
     setup = EngineSetup(name="fixture", model_path=models.resolve("smollm2-135m", "float32"), dtype="float32",
-                        options={"extra_args": ["--api-key", "secret-test-key"], "api_key_env": API_KEY_ENV},
-                        workdir=tmp_path_factory.mktemp("server"))
+                        options={"api_key_env": API_KEY_ENV}, workdir=tmp_path_factory.mktemp("server"))
     engine = VllmServer(setup)
     server = engine.server
-    yield engine.base_url
+    yield engine, setup.workdir
     engine.close()
     assert server.gone()
+
+
+@pytest.fixture(scope="module")
+def server_url(served) -> str:
+    return served[0].base_url
+
+
+def test_the_server_demands_the_key_and_writes_it_nowhere(served, attached: ParityRun) -> None:
+    engine, workdir = served
+    assert httpx.get(f"{engine.base_url}/models", timeout=10).status_code == 401
+    files = [p for p in workdir.rglob("*") if p.is_file()]
+    assert any(p.name == "server.log" for p in files)
+    assert not [p for p in files if b"secret-test-key" in p.read_bytes()]
 
 
 ATTACHED = """\
