@@ -26,6 +26,20 @@ from harness.core.types import EngineSetup, Result, TraceRequest
 
 DIALECT = "llama-cpp-python"
 SCORE_TOP_K = 5
+# llama_cpp.server (0.3.36) takes every setting from the environment too, by its lower-case name in any case
+# (pydantic-settings): llama_cpp.server.settings.Settings' fields, held to the installed version in
+# tests/engines/test_exposure.py. Its __main__ also reads CONFIG_FILE (which replaces every other setting), and HOST
+# and PORT, which override the command line. The server the harness starts gets none of them from a user's shell.
+SERVER_SETTINGS = frozenset((
+    "api_key", "cache", "cache_size", "cache_type", "chat_format", "chat_template_kwargs", "clip_model_path",
+    "config_file", "disable_ping_events", "draft_model", "draft_model_num_pred_tokens", "embedding", "flash_attn",
+    "hf_model_repo_id", "hf_pretrained_model_name_or_path", "hf_tokenizer_config_path", "host", "interrupt_requests",
+    "kv_overrides", "last_n_tokens_size", "logits_all", "lora_base", "lora_path", "main_gpu", "model", "model_alias",
+    "mul_mat_q", "n_batch", "n_ctx", "n_gpu_layers", "n_threads", "n_threads_batch", "n_ubatch", "numa",
+    "offload_kqv", "port", "root_path", "rope_freq_base", "rope_freq_scale", "rope_scaling_type", "rpc_servers", "seed",
+    "split_mode", "ssl_certfile", "ssl_keyfile", "tensor_split", "type_k", "type_v", "use_mlock", "use_mmap",
+    "verbose", "vocab_only", "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_ext_factor",
+    "yarn_orig_ctx"))
 
 
 class Options(ServedOptions):
@@ -109,9 +123,9 @@ class Engine(ServedEngine):
     def launch(self, setup: EngineSetup, port: int) -> Launch:
         self.gguf = gguf_file(setup, self.options.gguf)
         threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
-        # llama_cpp.server reads its settings from the environment too: the key goes there as API_KEY (never on the
-        # command line: ps shows that), and a shell's unrelated API_KEY must not make the server demand one
-        env = {k: v for k, v in os.environ.items() if k.upper() != "API_KEY"}
+        # a shell's settings for llama_cpp.server (PORT, HOST, SEED, an unrelated API_KEY...) must not change the
+        # server the scenario describes; the key goes in as API_KEY (never on the command line: ps shows that)
+        env = {k: v for k, v in os.environ.items() if k.lower() not in SERVER_SETTINGS}
         if self.options.api_key_env:
             env["API_KEY"] = os.environ[self.options.api_key_env]
         return Launch(command(setup, port, self.options, self.gguf, threads), env, health_path="/v1/models")

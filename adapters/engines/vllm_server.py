@@ -91,6 +91,7 @@ class Engine(ServedEngine):
         env_options = OfflineOptions(kv_cache_gib=self.options.kv_cache_gib, multiprocessing=False,
                                      batch_invariant=self.options.batch_invariant)
         env = {**os.environ, **prepare_env(setup.workdir, env_options, sockets)}
+        env.pop("VLLM_API_KEY", None)  # a shell's own key would make the server demand one the harness never sends
         if self.options.api_key_env:  # the key goes in the environment, never on the command line (ps shows that)
             env["VLLM_API_KEY"] = os.environ[self.options.api_key_env]
         return Launch(command(setup, port, self.options), env, cleanup=lambda: remove_socket_dir(sockets))

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from adapters.engines.llamacpp_server import SERVER_SETTINGS
 from adapters.engines.llamacpp_server import Engine as LlamaServer
 from adapters.engines.vllm_server import Engine as VllmServer
 from harness import models
@@ -76,10 +77,32 @@ def test_the_server_gets_the_key_in_its_environment_not_its_command_line(server,
     assert launch.command[launch.command.index("--host") + 1] == "127.0.0.1"  # loopback unless the scenario says
 
 
+@pytest.mark.parametrize(("server", "key_var"), [(VllmServer, "VLLM_API_KEY"), (LlamaServer, "API_KEY")])
+def test_a_shells_own_key_does_not_reach_a_server_the_scenario_gives_none(server, key_var, tmp_path: Path,
+                                                                         monkeypatch) -> None:
+    monkeypatch.setenv(key_var, "a-key-for-something-else")
+    setup = EngineSetup(name="s", model_path=models.resolve("tiny-llama", "float32"), dtype="float32", options={},
+                        workdir=tmp_path)
+    engine = server.__new__(server)
+    engine.options = server.Options(**setup.options)
+    assert key_var not in engine.launch(setup, 8000).env
+
+
+def test_the_server_settings_kept_from_the_shell_are_the_installed_servers_own() -> None:
+    from llama_cpp.server.settings import Settings
+
+    assert {*Settings.model_fields, "config_file"} == SERVER_SETTINGS
+
+
 def test_a_started_llama_cpp_server_demands_the_key_and_listens_where_told(tmp_path: Path, monkeypatch) -> None:
-    """A shell's unrelated API_KEY does not reach the server; the scenario's key does, and bind is honoured."""
+    """A shell's settings for llama_cpp.server (an unrelated API_KEY; HOST and PORT, which would override its
+    command line; CONFIG_FILE, which would replace it) do not reach the server; the scenario's key does, and bind is
+    honoured."""
     monkeypatch.setenv(KEY_ENV, KEY)
     monkeypatch.setenv("API_KEY", "not-the-scenarios-key")
+    monkeypatch.setenv("HOST", "127.0.0.1")
+    monkeypatch.setenv("PORT", "1")
+    monkeypatch.setenv("CONFIG_FILE", str(tmp_path / "absent.json"))
     setup = EngineSetup(name="s", model_path=models.resolve("tiny-llama", "float32"), dtype="float32",
                         options={"api_key_env": KEY_ENV, "bind": "0.0.0.0", "allow_remote": True}, workdir=tmp_path)
     engine = LlamaServer(setup)
