@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +24,7 @@ from adapters.contract import (
     greedy_ignored,
     request_knobs,
 )
+from adapters.engines.vllm_sockets import remove_socket_dir, socket_dir
 from adapters.engines.vllm_startup import lighten_vllm_startup
 from adapters.tracing.capture import LOGITS_SLICE, Capture, run_traces
 from harness.core.types import Beam, EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
@@ -60,15 +59,6 @@ def knobs(name: str, options: EngineOptions) -> Knob:
         "batch_invariant": Knob(baseline={"batch_invariant": True}, variant={"batch_invariant": True}),
     }
     return turned.get(name) or request_knobs(name, options, server=False)
-
-
-def socket_dir(workdir: Path) -> Path:
-    """Where vLLM puts its ZMQ sockets: the run directory when its path is short enough for a Unix socket
-    (107 bytes), else a short private directory under /tmp that the adapter removes when it closes."""
-    inside = workdir / "cache" / "rpc"
-    if len(str(inside.resolve())) <= 50:
-        return inside
-    return Path(tempfile.mkdtemp(prefix="parity-rpc-", dir="/tmp"))
 
 
 def engine_env(workdir: Path, options: Options, sockets: Path) -> dict[str, str]:
@@ -337,11 +327,6 @@ def reuse_settings(options: Options) -> tuple | None:
     if options.multiprocessing or options.speculative:
         return None
     return max(1, round(options.kv_cache_gib)), options.batch_invariant
-
-
-def remove_socket_dir(path: Path) -> None:
-    if path.name.startswith("parity-rpc-"):
-        shutil.rmtree(path, ignore_errors=True)
 
 
 DESCRIPTION = EngineDescription(

@@ -16,11 +16,10 @@ from adapters.engines.vllm_offline import Options as OfflineOptions
 from adapters.engines.vllm_offline import (
     context_length,
     prepare_env,
-    remove_socket_dir,
-    socket_dir,
     speculative_not_applied,
 )
 from adapters.engines.vllm_offline import knobs as offline_knobs
+from adapters.engines.vllm_sockets import remove_socket_dir, socket_dir
 from harness.core.types import EngineSetup, Translation
 from harness.core.vocabulary import SamplingParams
 

@@ -73,6 +73,7 @@ def test_the_server_gets_the_key_in_its_environment_not_its_command_line(server,
     engine = server.__new__(server)  # launch() only builds the command; nothing is started
     engine.options = server.Options(**setup.options)
     launch = engine.launch(setup, 8000)
+    launch.cleanup()
     assert launch.env[key_var] == KEY and not any(KEY in arg for arg in launch.command)
     assert launch.command[launch.command.index("--host") + 1] == "127.0.0.1"  # loopback unless the scenario says
 
@@ -85,7 +86,9 @@ def test_a_shells_own_key_does_not_reach_a_server_the_scenario_gives_none(server
                         workdir=tmp_path)
     engine = server.__new__(server)
     engine.options = server.Options(**setup.options)
-    assert key_var not in engine.launch(setup, 8000).env
+    launch = engine.launch(setup, 8000)
+    launch.cleanup()
+    assert key_var not in launch.env
 
 
 def test_the_server_settings_kept_from_the_shell_are_the_installed_servers_own() -> None:
