@@ -3,6 +3,7 @@ the fast tier), write scenario files, wait for a background run."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -130,6 +131,11 @@ def journal_lines(out: Path, engine: str) -> int:
     return len(journals[0].read_text().splitlines()) if journals else 0
 
 
+@functools.cache
+def _built_once(get_command):
+    return functools.cache(get_command)
+
+
 @dataclass
 class InProcess:
     code: int
@@ -140,11 +146,15 @@ class InProcess:
 
 def parity_in_process(*args: str) -> InProcess:
     """`parity ARGS` through typer's test runner in this process: fast, for commands that run no engine."""
-    from typer.testing import CliRunner
+    import typer.main
+    import typer.testing
 
     from harness.cli import app
 
-    result = CliRunner().invoke(app, list(args))
+    # typer's runner rebuilds the click command from the app's functions on every call, half of a fuzz example's
+    # time (tests/fuzz); the CLI does not change within a test process, so it is built once
+    typer.testing._get_command = _built_once(typer.main.get_command)
+    result = typer.testing.CliRunner().invoke(app, list(args))
     escaped = result.exc_info if result.exception and not isinstance(result.exception, SystemExit) else None
     return InProcess(result.exit_code, result.stdout, result.stderr,
                      "".join(traceback.format_exception(*escaped)) if escaped else "")
