@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from rich.markup import escape
 
 from harness.core.errors import EXIT_INTERRUPTED, ConfigError
+from harness.render import markdown
 from harness.render.console import EngineProgress, console, print_table
 from harness.run.execute import Selection, execute_all
 from harness.scenario.spec import LoadedScenario
@@ -83,7 +84,7 @@ def print_outcome(outcome: RunOutcome) -> RunOutcome:
     for name, reason in outcome.skipped.items():
         _note("skipped", f"{name}: {reason}")
     for cases, text in outcome.effective_differences:
-        _note("effective params differ", f"({', '.join(cases)}): {text}")
+        _note("effective params differ", f"({markdown.some(cases)}): {text}")
     for note in exposed_servers(read_meta(outcome.run_dir)):
         _note("exposed", note)
     state = "INTERRUPTED" if outcome.interrupted else "PASS" if outcome.exit_code == 0 else "FAIL"

@@ -23,3 +23,9 @@ def step(value) -> str:
 
 def yes_no(expected: bool) -> str:
     return "yes" if expected else "NO"
+
+
+def some(items: list[str], shown: int = 8) -> str:
+    """A list of ids, the first `shown` of them and how many more: a 1,024-case run stays one readable line."""
+    more = len(items) - shown
+    return ", ".join(items[:shown]) + (f" and {more:,} more" if more > 0 else "")

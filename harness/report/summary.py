@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.render import markdown
 from harness.rundir.store import RunMeta, write_atomic
 from harness.verdicts.family import families
 
@@ -56,7 +57,7 @@ def write_summary(path: Path, meta: RunMeta, tables: dict[str, pd.DataFrame]) ->
             lines += ["", f"## {family.title}", "", family.always_shown]
     if meta.effective_differences:
         lines += ["", "## Effective params that differ (computed by each engine's own code)", ""]
-        lines += [f"- cases {', '.join(cases)}: {text}" for cases, text in meta.effective_differences]
+        lines += [f"- cases {markdown.some(cases)}: {text}" for cases, text in meta.effective_differences]
     if meta.prompt_warnings:
         lines += ["", "## Prompt identity (ids that are not what the model expects)", ""]
         lines += [f"- prompt {pid}: {'; '.join(ws)}" for pid, ws in meta.prompt_warnings.items()]

@@ -10,7 +10,7 @@ from harness.compare.prompt_verdicts import mark_verdicts
 from harness.compare.sampling_parity import judge_samples
 from harness.compare.token_rules import VERDICT_TYPES, judge
 from harness.render import markdown
-from harness.render.console import print_table
+from harness.render.console import console, print_table
 from harness.render.html_parts import esc, svg_plot
 from harness.render.page import Page
 from harness.rundir import layout
@@ -45,10 +45,18 @@ class TokenVerdicts(VerdictFamily):
         return markdown.table(HEADERS, verdict_rows(rows))
 
     def print(self, rows: pd.DataFrame, reference: str) -> None:
-        cells = verdict_rows(rows)
+        """Every row in run order; a run of more than CONSOLE_ROWS rows shows its problems first and says what it left
+        out (summary.md and the report have every row)."""
+        shown = rows if len(rows) <= CONSOLE_ROWS else by_severity(rows).head(CONSOLE_ROWS)
+        cells = verdict_rows(shown)
         styles = [["", "", VERDICT_STYLE.get(row[2], ""), "" if row[3] == "yes" else "bold red", "", "", ""]
                   for row in cells]
         print_table(f"verdicts vs reference '{reference}'", HEADERS, cells, styles)
+        if len(shown) < len(rows):
+            left_out = by_severity(rows).iloc[CONSOLE_ROWS:]
+            problems = int((~left_out.expected.astype(bool)).sum())
+            console.print(f"... and {len(left_out):,} more rows, {problems:,} of them not as expected (problems "
+                          "come first): every row is in summary.md and the report", markup=False, highlight=False)
 
     def html(self, rows: pd.DataFrame, page: Page) -> str:
         """The verdict table, problems first (a row links to its case), then each case: aligned tokens with the first
@@ -70,6 +78,7 @@ class TokenVerdicts(VerdictFamily):
         return "\n".join([_verdict_table(ordered, links), "<h2>Cases</h2>", *sections[:CASES_PER_PAGE], more])
 
 
+CONSOLE_ROWS = 50  # verdict rows a run prints; past it, problems first and a line for the rest
 FIRST_ROWS = 100  # verdict rows in the report's first table; the rest are collapsed under it
 CASES_PER_PAGE = 50  # case sections on the report's first page, and on each further page beside it
 SEVERITY = {"engine_error": 0, "hazard": 1, "diverged": 2, "benign_tie": 3, "match": 4}

@@ -69,7 +69,6 @@ name: large
 model: tiny-llama
 engines:
   hf: {engine: hf, reference: true, options: {batched: true}}
-  twin: {engine: hf, options: {batched: true}}
   penalised: {engine: hf, options: {batched: true}, params: {repetition_penalty: 1.3}}
 params: {temperature: 0, max_new_tokens: 4, ignore_eos: true}
 prompts: [{file: prompts.jsonl}]
@@ -78,8 +77,8 @@ prompts: [{file: prompts.jsonl}]
 
 @pytest.fixture(scope="module")
 def large(tmp_path_factory) -> ParityRun:
-    """A real 1,024-case run of three engines on the tiny Llama (2,048 verdicts: the twin matches, the penalised
-    engine diverges wherever its penalty flips a token), and its report."""
+    """A real 1,024-case run of two engines on the tiny Llama (the penalised engine diverges wherever its penalty
+    flips a token and matches elsewhere), and its report."""
     tmp = tmp_path_factory.mktemp("large")
     words = ("river", "city", "light", "morning", "old", "house", "garden", "quiet", "road", "market", "stone")
     rng = random.Random(29)
@@ -87,7 +86,7 @@ def large(tmp_path_factory) -> ParityRun:
         json.dumps({"id": f"q{i}", "text": " ".join(rng.choice(words) for _ in range(rng.randint(2, 24)))}) + "\n"
         for i in range(LARGE_CASES)))
     run = parity("run", str(write_scenario(tmp / "large.yaml", LARGE)), out=tmp / "reports")
-    assert run.code == 1 and len(run.verdicts) == 2 * LARGE_CASES, run.stdout[-2000:] + run.stderr[-2000:]
+    assert run.code == 1 and len(run.verdicts) == LARGE_CASES, run.stdout[-2000:] + run.stderr[-2000:]
     made = parity("report", str(run.run_dir))
     assert made.code == 0, made.stderr
     return run
@@ -99,7 +98,7 @@ def test_a_1024_case_report_shows_its_problems_on_a_first_screen_within_3_s(larg
     past the first page are on further pages, each of which opens too."""
     verdicts = large.verdicts
     diverged = int((~verdicts.expected).sum())
-    assert 0 < diverged < LARGE_CASES and set(verdicts[verdicts.engine == "twin"].verdict) == {"match"}
+    assert 0 < diverged < LARGE_CASES / 2 and "match" in set(verdicts.verdict)
     report = large.run_dir / "report.html"
     dom = chromium(tmp_path / "profile", "--dump-dom", report.as_uri())
     assert dom.returncode == 0 and "Uncaught" not in dom.stderr, dom.stderr[-2000:]
@@ -112,6 +111,6 @@ def test_a_1024_case_report_shows_its_problems_on_a_first_screen_within_3_s(larg
     assert shown.count("<tr data-href") == 100 and shown.count(">NO</td>") == min(100, diverged)
     assert '<details id="more-verdicts"><summary>' in page  # closed: its rows are not laid out
     further = sorted(large.run_dir.glob("report-cases-*.html"))
-    assert len(further) == -(-2 * LARGE_CASES // 50) - 1 and page.count("class=\"case\"") == 50
+    assert len(further) == -(-LARGE_CASES // 50) - 1 and page.count("class=\"case\"") == 50
     last = chromium(tmp_path / "profile2", "--dump-dom", further[-1].as_uri())
     assert last.returncode == 0 and 'data-ready="yes"' in last.stdout and 'class="case"' in last.stdout
