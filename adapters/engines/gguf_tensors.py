@@ -8,75 +8,25 @@ its metadata values are skipped, its tensors never loaded) and the quantiser's l
 
 from __future__ import annotations
 
-import mmap
+import math
 import re
-import struct
 from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 
-# GGUF metadata value types: fixed sizes; 8 is a string, 9 an array (element type, count, elements)
-FIXED_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-STRING, ARRAY = 8, 9
+from harness.models.gguf_header import read
+
 FALLBACK = re.compile(r"(\d+) of (\d+) tensor\(s\) required fallback quantization")
 REASON = re.compile(r"ncols\s+(\d+) not divisible by (\d+) \(required for type\s+(\w+)\) -> falling back to\s+(\w+)")
-
-
-class _Header:
-    """A cursor over a GGUF file's header."""
-
-    def __init__(self, data: mmap.mmap):
-        self.data, self.at = data, 0
-
-    def read(self, fmt: str) -> int:
-        (value,) = struct.unpack_from("<" + fmt, self.data, self.at)
-        self.at += struct.calcsize(fmt)
-        return value
-
-    def string(self) -> str:
-        size = self.read("Q")
-        self.at += size
-        return bytes(self.data[self.at - size:self.at]).decode(errors="replace")
-
-    def skip_value(self, kind: int) -> None:
-        if kind == STRING:
-            size = self.read("Q")  # read first: `self.at += self.read(...)` would add to the position before it
-            self.at += size
-        elif kind == ARRAY:
-            element, count = self.read("I"), self.read("Q")
-            if element in FIXED_SIZE:
-                self.at += FIXED_SIZE[element] * count
-            else:
-                for _ in range(count):
-                    self.skip_value(element)
-        elif kind in FIXED_SIZE:
-            self.at += FIXED_SIZE[kind]
-        else:
-            raise ValueError(f"unknown GGUF value type {kind} at byte {self.at}")
 
 
 def tensor_types(path: Path) -> Counter[str]:
     """Tensor type name (F32, Q4_K, ...) -> how many weights of the file are stored in it."""
     from gguf import GGMLQuantizationType
 
-    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        header = _Header(data)
-        if data[:4] != b"GGUF":
-            raise ValueError(f"{path} is not a GGUF file")
-        header.at = 8  # magic, version
-        tensors, values = header.read("Q"), header.read("Q")
-        for _ in range(values):
-            header.string()
-            header.skip_value(header.read("I"))
-        weights: Counter[str] = Counter()
-        for _ in range(tensors):
-            header.string()
-            count = 1
-            for _ in range(header.read("I")):
-                count *= header.read("Q")
-            kind = header.read("I")
-            header.read("Q")  # offset
-            weights[GGMLQuantizationType(kind).name] += count
+    weights: Counter[str] = Counter()
+    for tensor in read(path, keys=())[1]:
+        weights[GGMLQuantizationType(tensor.kind).name] += math.prod(tensor.shape)
     return weights
 
 

@@ -87,11 +87,10 @@ def gemma3_gguf_path() -> Path:
 
 
 def gguf_metadata(path: Path, keys: tuple[str, ...]) -> dict[str, object]:
-    """Scalar metadata fields of a GGUF file (absent keys left out)."""
-    import gguf
+    """Metadata values of a GGUF file (absent keys left out)."""
+    from harness.models import gguf_header
 
-    fields = gguf.GGUFReader(path).fields
-    return {key: fields[key].contents() for key in keys if key in fields}
+    return gguf_header.metadata(path, keys)
 
 
 def _load_gguf_model(gguf_file: Path):

@@ -16,9 +16,10 @@ import pytest
 
 from adapters.engines import llamacpp_gguf
 from harness import models
+from harness.models import gguf_header
 from harness.models.catalog import MODELS
 
-from helpers import ParityRun, parity, write_scenario
+from helpers import ParityRun, gguf_tensors, parity, write_scenario
 
 pytestmark = pytest.mark.engines
 
@@ -65,24 +66,24 @@ def test_the_f32_gguf_is_the_shipped_q4_k_m_dequantised(folder) -> None:
     """Every architecture and tokenizer key of the shipped file, with its value and type; the same tensors, one of
     each stored type equal to the shipped one dequantised (a norm: stored as 1 + w; q/k not permuted, Gemma's rope
     is NEOX)."""
-    import gguf
+    from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    shipped = gguf.GGUFReader(MODELS["gemma3-270m"].source_gguf())
-    ours = gguf.GGUFReader(llamacpp_gguf.ensure(folder, "f32"))
-    keys = {k: f for k, f in shipped.fields.items() if k not in DESCRIPTIVE}
-    assert set(keys) == {k for k in ours.fields if k not in DESCRIPTIVE}
-    for key, field in keys.items():
-        assert ours.fields[key].types == field.types and ours.fields[key].contents() == field.contents(), key
-    mine = {t.name: t for t in ours.tensors}
-    assert set(mine) == {t.name for t in shipped.tensors}
-    one_per_type = {t.tensor_type.name: t for t in sorted(shipped.tensors, key=lambda t: -t.n_elements)}
+    source, built = MODELS["gemma3-270m"].source_gguf(), llamacpp_gguf.ensure(folder, "f32")
+    shipped_values, ours = gguf_header.read(source)[0], gguf_header.read(built)[0]
+    keys = {k: value for k, value in shipped_values.items() if k not in DESCRIPTIVE}
+    assert set(keys) == {k for k in ours if k not in DESCRIPTIVE}
+    for key, value in keys.items():
+        assert ours[key] == value, key  # its types and its value
+    shipped, mine = gguf_tensors(source), gguf_tensors(built)
+    assert set(mine) == set(shipped)
+    one_per_type = {t.type: (name, t) for name, t in sorted(shipped.items(), key=lambda item: -item[1].elements)}
     assert set(one_per_type) == {"F32", "Q5_0", "Q8_0", "Q4_K", "Q6_K"}  # the smallest of each: F32 is a norm
-    for tensor in one_per_type.values():
-        expected = dequantize(tensor.data, tensor.tensor_type).reshape(-1)
-        assert np.array_equal(np.asarray(mine[tensor.name].data).reshape(-1), expected), tensor.name
+    for name, tensor in one_per_type.values():
+        expected = dequantize(tensor.data, GGMLQuantizationType[tensor.type]).reshape(-1)
+        assert np.array_equal(mine[name].data.reshape(-1), expected), name
     config = json.loads((folder / "config.json").read_text())
-    assert len(shipped.fields["tokenizer.ggml.tokens"].contents()) == config["vocab_size"]  # nothing trimmed
+    assert len(shipped_values["tokenizer.ggml.tokens"].value) == config["vocab_size"]  # nothing trimmed
 
 
 def test_llama_cpp_f32_gives_hfs_tokens_with_rounding_drift(explained: ParityRun) -> None:

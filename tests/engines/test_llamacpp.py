@@ -23,7 +23,7 @@ from harness import models
 from harness.core.types import EngineSetup
 from harness.report import html
 
-from helpers import SCENARIOS, ParityRun, parity, write_scenario
+from helpers import SCENARIOS, ParityRun, gguf_tensors, parity, write_scenario
 
 pytestmark = pytest.mark.engines
 
@@ -183,18 +183,17 @@ def test_explain_reasons_per_case_for_the_untraced_server(defects: ParityRun) ->
 
 
 def test_gguf_variants_hold_the_hf_engines_weights(tmp_path: Path) -> None:
-    import gguf
     from safetensors.numpy import load_file
 
     folder = models.resolve("smollm2-135m", "float32")
-    f32 = {t.name: t for t in gguf.GGUFReader(llamacpp_gguf.ensure(folder, "f32")).tensors}
+    f32 = gguf_tensors(llamacpp_gguf.ensure(folder, "f32"))
     hf = load_file(str(folder / "model.safetensors"))
     q = hf["model.layers.5.self_attn.q_proj.weight"]
     assert np.array_equal(np.asarray(f32["blk.5.attn_q.weight"].data).reshape(q.shape), llamacpp_gguf.rope_layout(q, 9))
     down = hf["model.layers.29.mlp.down_proj.weight"]
     assert np.array_equal(np.asarray(f32["blk.29.ffn_down.weight"].data).reshape(down.shape), down)
-    q8 = {t.name: t for t in gguf.GGUFReader(llamacpp_gguf.ensure(folder, "q8_0")).tensors}
-    assert q8["blk.5.attn_q.weight"].tensor_type.name == "Q8_0"
+    q8 = gguf_tensors(llamacpp_gguf.ensure(folder, "q8_0"))
+    assert q8["blk.5.attn_q.weight"].type == "Q8_0"
     run = parity("models", "prepare", "smollm2-135m")
     assert run.code == 0 and "llama.cpp: GGUF variants f32, f16, q8_0, q4_k_m in" in run.stdout
 

@@ -1,5 +1,6 @@
-"""A GGUF file's real tensor types, read from its header (adapters.engines.gguf_tensors), against gguf's own reader on
-a file written here with every kind of metadata value; and the quantiser log's fallbacks in words. No engine runs."""
+"""A GGUF file's real tensor types and metadata values, read from its header (adapters.engines.gguf_tensors,
+harness.models.gguf_header), against gguf's own reader on a file written here with every kind of metadata value; and
+the quantiser log's fallbacks in words. No engine runs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
 from adapters.engines.gguf_tensors import describe, fallbacks, tensor_types
+from harness.models.gguf_header import metadata, read
 
 LOG = """\
 warning: blk.0.attn_k.weight - ncols    576 not divisible by 256 (required for type    q4_K) -> falling back to    q5_0
@@ -44,6 +46,19 @@ def test_the_header_reader_counts_what_ggufs_own_reader_does(tmp_path: Path) -> 
         expected[tensor.tensor_type.name] += int(tensor.n_elements)
     assert tensor_types(path) == expected == Counter({"F16": 64 * 96, "Q8_0": 32 * 96, "F32": 96})
     assert describe(path) == "F16 66.0%, Q8_0 33.0%, F32 1.0% of 9,312 weights"
+
+
+def test_metadata_values_are_those_of_ggufs_own_reader(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "mixed.gguf")
+    fields = {key: field for key, field in GGUFReader(str(path)).fields.items() if not key.startswith("GGUF.")}
+    assert len(fields) == 7  # GGUF.* are the reader's own: version and counts from the file's first bytes
+    assert metadata(path, tuple(fields)) == {key: field.contents() for key, field in fields.items()}
+    assert metadata(path, ("test.bool", "test.u32", "absent")) == {"test.bool": True, "test.u32": 7}
+    values, tensors = read(path)
+    assert {key: list(value.types) for key, value in values.items()} == {key: f.types for key, f in fields.items()}
+    assert [tuple(t) for t in tensors] == [
+        (t.name, tuple(int(d) for d in t.shape), int(t.tensor_type), int(t.data_offset))
+        for t in GGUFReader(str(path)).tensors]
 
 
 def test_the_quantisers_fallbacks_in_words(tmp_path: Path) -> None:
