@@ -29,9 +29,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from harness.models import gguf_header
 
 if TYPE_CHECKING:
     from harness.models.catalog import NamedModel
@@ -286,25 +288,23 @@ def hf_pieces(model: str, tokens: list[str]) -> list[str]:
 
 
 @lru_cache(maxsize=2)
-def _tokenizer_fields(model_path: Path, vocab_size: int) -> list[Any]:
+def _tokenizer_fields(model_path: Path, vocab_size: int) -> list[tuple[str, gguf_header.Value]]:
     """The tokenizer.* fields of the first source GGUF whose vocabulary is the model folder's, id for id. Its token
     count must be the model's vocab_size: llama.cpp's logits have one entry per token (its converter trims
     token_embd to them), so fewer tokens would leave its logits shorter than HF's."""
-    import gguf
     from transformers import AutoTokenizer
 
     vocab = AutoTokenizer.from_pretrained(model_path).get_vocab()
     tried = []
     for source in _tokenizer_sources(model_path):
-        reader = gguf.GGUFReader(source)
-        tokens = hf_pieces(reader.fields["tokenizer.ggml.model"].contents(),
-                           reader.fields["tokenizer.ggml.tokens"].contents())
+        fields = {key: value for key, value in gguf_header.read(source)[0].items() if key.startswith("tokenizer.")}
+        tokens = hf_pieces(fields["tokenizer.ggml.model"].value, fields["tokenizer.ggml.tokens"].value)
         tried.append(source.name)
         if len(vocab) == len(tokens) and all(vocab.get(piece) == i for i, piece in enumerate(tokens)):
             if len(tokens) != vocab_size:
                 raise RuntimeError(f"gguf: {source.name} has {len(tokens)} tokens, the model {vocab_size} logits: "
                                    "llama.cpp would trim token_embd and its logits would not line up with HF's")
-            return [f for name, f in reader.fields.items() if name.startswith("tokenizer.")]
+            return list(fields.items())
     raise RuntimeError(f"gguf: the tokenizer of {model_path} is not that of any GGUF shipped here (tried: "
                        f"{', '.join(tried) or 'none'}): give the engine a GGUF file (option gguf: PATH)")
 
@@ -323,9 +323,9 @@ def write_full_precision(model_path: Path, out: Path, variant: str) -> None:
     writer.add_file_type(FULL_PRECISION[variant])
     for key, value in h.items():
         getattr(writer, f"add_{key}")(value)
-    for field in _tokenizer_fields(Path(model_path), config["vocab_size"]):
-        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type)
+    for key, field in _tokenizer_fields(Path(model_path), config["vocab_size"]):
+        kind, *element = (gguf.GGUFValueType(t) for t in field.types)
+        writer.add_key_value(key, field.value, kind, element[0] if element else None)
     for hf_name, weight in tensors.items():
         if hf_name == "lm_head.weight" and config.get("tie_word_embeddings"):
             continue  # llama.cpp reuses token_embd when the file has no output.weight
