@@ -2,13 +2,13 @@
 in collection order (--no-loadscope-reorder: by default xdist would order files by their number of tests, which puts
 the many quick unit files first and the few-test engine files, minutes each, last). The slowest files go first and
 the quick ones fill the gaps at the end, so no process runs a long file alone while the other has finished (the
-suite is CPU-bound: 1-4% of the two cores idle over a run, most of it that end). Test time per file, 2026-11-27 on an
-AVX2 EPYC, two processes (seconds): ray 238, gemma3_workflow 238, servers 190, resume 171, llamacpp 154,
-sampling_semantics 150, tiny_families 146, explain 137, gemma3_explain 133, invariance 129, beam_search 119,
-gemma3_llamacpp 106, core_install 86, fuzz_inputs 85, shipped_scenarios 81, worker_failures 70, exposure 65,
-lmdeploy_parts 59, faults 53, forked_workers 46. test_ray starts third, not first: its cluster then starts after
-gemma3_workflow's own Ray instance (its first test) has ended. The order within a file, and which tests run, do not
-change."""
+suite is CPU-bound: 1-4% of the two cores idle over a run, most of it that end). Test time per file, from a fresh
+clone of 16f0951 on 2026-11-27 on an AVX2 EPYC, two processes (seconds): servers 344, ray 305, sampling_semantics 288,
+gemma3_workflow 254, resume 231, explain 228, gemma3_explain 209, llamacpp 205, invariance 146, beam_search 141,
+fuzz_inputs 123, core_install 122, tiny_families 104, gemma3_llamacpp 77, worker_failures 71, lmdeploy_parts 68,
+shipped_scenarios 65, faults 61, forked_workers 55, html_report 51. test_ray starts third, not first: its cluster then
+starts after gemma3_workflow's own Ray instance (its first test) has ended. The order within a file, and which tests
+run, do not change."""
 
 from __future__ import annotations
 
@@ -21,11 +21,12 @@ import pytest
 # here runs triton: marked not installed, as in every `parity` command (harness/cli.py).
 sys.modules.setdefault("triton", None)
 
-SLOWEST_FIRST = ("test_gemma3_workflow.py", "test_servers.py", "test_ray.py", "test_resume.py", "test_llamacpp.py",
-                 "test_sampling_semantics.py", "test_tiny_families.py", "test_explain.py", "test_gemma3_explain.py",
-                 "test_invariance.py", "test_beam_search.py", "test_gemma3_llamacpp.py", "test_core_install.py",
-                 "test_fuzz_inputs.py", "test_shipped_scenarios.py", "test_worker_failures.py", "test_exposure.py",
-                 "test_lmdeploy_parts.py", "test_faults.py", "test_forked_workers.py")
+SLOWEST_FIRST = ("test_gemma3_workflow.py", "test_servers.py", "test_ray.py", "test_sampling_semantics.py",
+                 "test_resume.py", "test_explain.py", "test_gemma3_explain.py", "test_llamacpp.py",
+                 "test_invariance.py", "test_beam_search.py", "test_fuzz_inputs.py", "test_core_install.py",
+                 "test_tiny_families.py", "test_gemma3_llamacpp.py", "test_worker_failures.py",
+                 "test_lmdeploy_parts.py", "test_shipped_scenarios.py", "test_faults.py", "test_forked_workers.py",
+                 "test_html_report.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
