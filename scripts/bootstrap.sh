@@ -28,7 +28,10 @@ python="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 echo "bootstrap: creating $venv with $("$python" --version) (a few minutes; the first time on a machine up to 15 more: llama-cpp-python builds from source)" >&2
 "$python" -m venv "$venv"
 # --no-compile: pip compiles package by package on one core; byte_compile does it once on all cores
-pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet)
+# --quiet twice: pip's warnings are the machine's, not the install's (this machine's pip.conf names index folders
+# that hold no package: 238 "Location ... is ignored" lines before the quickstart's own); its errors still print,
+# and the import check below catches an install that half-worked
+pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet --quiet)
 install=("${pip[@]}" install --no-compile)
 read_list() { "$venv/bin/python" -c "import tomllib,sys; print(' '.join(tomllib.load(open('pyproject.toml','rb'))['tool']['llm-parity'][sys.argv[1]]))" "$1"; }
 # llama-cpp-python is built from source (PyPI has no wheel that runs here): native CPU kernels, without the
