@@ -47,13 +47,13 @@ class TokenVerdicts(VerdictFamily):
     def print(self, rows: pd.DataFrame, reference: str) -> None:
         """Every row in run order; a run of more than CONSOLE_ROWS rows shows its problems first and says what it left
         out (summary.md and the report have every row)."""
-        shown = rows if len(rows) <= CONSOLE_ROWS else by_severity(rows).head(CONSOLE_ROWS)
-        cells = verdict_rows(shown)
+        ordered = rows if len(rows) <= CONSOLE_ROWS else by_severity(rows)
+        cells = verdict_rows(ordered.head(CONSOLE_ROWS))
         styles = [["", "", VERDICT_STYLE.get(row[2], ""), "" if row[3] == "yes" else "bold red", "", "", ""]
                   for row in cells]
         print_table(f"verdicts vs reference '{reference}'", HEADERS, cells, styles)
-        if len(shown) < len(rows):
-            left_out = by_severity(rows).iloc[CONSOLE_ROWS:]
+        left_out = ordered.iloc[CONSOLE_ROWS:]
+        if len(left_out):
             problems = int((~left_out.expected.astype(bool)).sum())
             console.print(f"... and {len(left_out):,} more rows, {problems:,} of them not as expected (problems "
                           "come first): every row is in summary.md and the report", markup=False, highlight=False)
