@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -298,7 +298,8 @@ def _tokenizer_fields(model_path: Path, vocab_size: int) -> list[tuple[str, gguf
     tried = []
     for source in _tokenizer_sources(model_path):
         fields = {key: value for key, value in gguf_header.read(source)[0].items() if key.startswith("tokenizer.")}
-        tokens = hf_pieces(fields["tokenizer.ggml.model"].value, fields["tokenizer.ggml.tokens"].value)
+        tokens = hf_pieces(str(fields["tokenizer.ggml.model"].value),
+                           cast(list[str], fields["tokenizer.ggml.tokens"].value))
         tried.append(source.name)
         if len(vocab) == len(tokens) and all(vocab.get(piece) == i for i, piece in enumerate(tokens)):
             if len(tokens) != vocab_size:
