@@ -7,27 +7,24 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${LLM_PARITY_VENV:-.venv}"
 stamp="$venv/.installed"
-# Byte-compile the installed packages and the project's own, once. Python reads cached bytecode but never writes it
-# when PYTHONDONTWRITEBYTECODE is set (it is on this machine): without this, every process compiled torch,
-# transformers and vLLM from source again (`import transformers` + AutoModelForCausalLM 20 s of CPU instead of 9 s,
-# vLLM 22 s instead of 8). A file that does not compile (torch ships Python 3.12-only test helpers) is only imported
-# slower, so errors are not fatal.
-byte_compile() {
-  echo "bootstrap: byte-compiling $venv once (about a minute)" >&2
-  "$venv/bin/python" -m compileall -qq -j 0 "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" harness adapters || true
-  touch "$venv/.compiled"
-}
+# Bytecode: Python reads cached .pyc files but never writes them when PYTHONDONTWRITEBYTECODE is set (it is on this
+# machine); without them every process compiled torch, transformers and vLLM from source again (`import transformers`
+# + AutoModelForCausalLM 20 s of CPU instead of 9 s, vLLM 22 s instead of 8). The import check below runs with
+# writing allowed and imports what the engines' workers import, so it leaves the .pyc files of those 5,700 modules
+# behind (48 s here, against 70 s on two cores for compiling all 28,000 files of .venv and 25 s more for the check);
+# the Makefile's commands allow writing too, so whatever else they import is compiled once, on first use.
+warm_imports="import importlib, harness.core.fork_server as f, harness.cli, lmdeploy.messages, scipy, llama_cpp
+for module in f.PRELOAD: importlib.import_module(module)"
 # installed: the stamp (written after the import check below) and the packages still there; found, not imported
 # (importing vLLM took 13 s of CPU on a slow machine, paid by every make command)
 if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && "$venv/bin/python" -c "import importlib.util as u, sys
 sys.exit(not all(map(u.find_spec, ('harness', 'vllm', 'llama_cpp', 'ray'))))" 2>/dev/null; then
-  [ -f "$venv/.compiled" ] || byte_compile
   exit 0
 fi
 python="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 echo "bootstrap: creating $venv with $("$python" --version) (a few minutes; the first time on a machine up to 15 more: llama-cpp-python builds from source)" >&2
 "$python" -m venv "$venv"
-# --no-compile: pip compiles package by package on one core; byte_compile does it once on all cores
+# --no-compile: pip would compile all 28,000 files of every package; the import check compiles the ones imported
 # --quiet twice: pip's warnings are the machine's, not the install's (this machine's pip.conf names index folders
 # that hold no package: 238 "Location ... is ignored" lines before the quickstart's own); its errors still print,
 # and the import check below catches an install that half-worked
@@ -46,6 +43,6 @@ export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 PYTHONWARNINGS="ignore:Editable installation" "${install[@]}" -e ".[cpu,vllm,lmdeploy-cpu,llamacpp,ray,test]"
 "${install[@]}" --no-deps $(read_list no-deps)
 "${pip[@]}" uninstall -y $(read_list remove-after-install) 2>/dev/null || true
-"$venv/bin/python" -c "import transformers, vllm, lmdeploy.messages, scipy, llama_cpp, harness" 2>/dev/null || { echo "bootstrap: import check failed" >&2; exit 1; }
-byte_compile
+echo "bootstrap: importing the engines once to leave their bytecode (about a minute)" >&2
+env -u PYTHONDONTWRITEBYTECODE "$venv/bin/python" -c "$warm_imports" >/dev/null 2>&1 || { echo "bootstrap: import check failed" >&2; exit 1; }
 touch "$stamp"
