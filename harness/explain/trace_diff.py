@@ -19,15 +19,18 @@ METRICS = ("max_abs", "rel_l2", "cosine", "rel_diff")
 
 
 def position_metrics(x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-row metrics of two [positions, width] arrays."""
+    """Per-row metrics of two [positions, width] arrays. Row sums by einsum, which makes no [positions, width]
+    temporaries (half the time of x * x, y * y ... on Gemma 3's 690 x 2048 rows); rel_diff as sum((x-y)^2) /
+    sum(x^2 + y^2), which is 1 - 2 sum(xy) / sum(x^2 + y^2) without its cancellation (that form loses all digits
+    below the rounding unit, where traces of one dtype differ)."""
     tiny = np.finfo(np.float64).tiny
     diff = y - x
-    xx, yy, xy = (x * x).sum(axis=1), (y * y).sum(axis=1), (x * y).sum(axis=1)
+    xx, yy, xy, dd = (np.einsum("ij,ij->i", a, b) for a, b in ((x, x), (y, y), (x, y), (diff, diff)))
     with np.errstate(all="ignore"):
-        return {"max_abs": np.abs(diff).max(axis=1),
-                "rel_l2": np.sqrt((diff * diff).sum(axis=1)) / np.sqrt(np.maximum(xx, tiny)),
+        return {"max_abs": np.maximum(diff.max(axis=1), -diff.min(axis=1)),
+                "rel_l2": np.sqrt(dd) / np.sqrt(np.maximum(xx, tiny)),
                 "cosine": xy / np.sqrt(np.maximum(xx * yy, tiny)),
-                "rel_diff": 1.0 - 2.0 * xy / np.maximum(xx + yy, tiny)}
+                "rel_diff": dd / np.maximum(xx + yy, tiny)}
 
 
 def compared_width(point: str, x_shape: tuple[int, int], y_shape: tuple[int, int], names: tuple[str, str]) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 from harness.core.errors import ConfigError
@@ -76,7 +76,10 @@ class PromptTokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
+@lru_cache(maxsize=4)
 def load_tokenizer(model_path: Path) -> PromptTokenizer:
+    """The model folder's tokenizer, read once per command: a run, its report and explain's pass share it (Gemma 3's
+    33 MB tokenizer.json takes 3-4 s of CPU to read on a 2-core machine)."""
     return PromptTokenizer(model_path)
 
 

@@ -39,6 +39,9 @@ def test_metrics_per_position() -> None:
     m = position_metrics(x, y)
     assert m["max_abs"][0] == 0 and m["max_abs"][1] == pytest.approx(0.1)
     assert m["rel_l2"][1] == pytest.approx(0.1 / np.sqrt(2)) and m["cosine"][0] == pytest.approx(1.0)
+    assert m["rel_diff"][0] == 0 and m["rel_diff"][1] == pytest.approx(1 - 2 * 2.1 / (2 + 2.21))
+    tiny = position_metrics(x, x * (1 + 2.0**-40))  # far below float64's cancellation in 1 - 2xy/(xx+yy)
+    assert tiny["rel_diff"][1] == pytest.approx(2.0**-81, rel=1e-3)
 
 
 def test_floor_is_cumulative_per_kind_and_never_below_the_rounding_unit() -> None:
