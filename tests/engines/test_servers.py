@@ -75,7 +75,7 @@ prompts:
   - {{id: math, messages: [{{role: user, content: "What is 12 times 7? Answer briefly."}}]}}
   - {{id: code, messages: [{{role: user, content: "Write a Python function that reverses a string."}}]}}
   - {{id: capital, text: "The capital of France is"}}
-params: {{temperature: 0, max_new_tokens: 24}}
+params: {{temperature: 0, max_new_tokens: 12}}
 """
 
 
@@ -250,7 +250,7 @@ engines:
   a: {{engine: openai, reference: true, options: {{url: "{url}", dialect: vllm, api_key_env: {key}, concurrency: 2}}}}
   b: {{engine: openai, options: {{url: "{url}", dialect: vllm, api_key_env: {key}, concurrency: 2}}}}
 prompts: ["one", "two", "three", "four", "five", "six", "seven", "eight"]
-params: {{temperature: 0, max_new_tokens: 200, ignore_eos: true}}
+params: {{temperature: 0, max_new_tokens: 64, ignore_eos: true}}
 """
 
 
@@ -262,7 +262,7 @@ def test_interrupting_an_attached_client_keeps_results_and_waits_for_no_request(
                                                                                       key=API_KEY_ENV)), out)
     wait_for(lambda: journal_lines(out, "a") >= 1, timeout=180)
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=30)  # 6 requests of 200 tokens were still to come
+    stdout, stderr = proc.communicate(timeout=30)  # 6 requests of 64 tokens were still to come
     assert proc.returncode == 130, stderr[-2000:]
     assert "Traceback" not in stderr
     run_dir = next(out.iterdir())
