@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,11 +68,12 @@ class RayTestCluster:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def spawned_workers():
-    """This module's commands spawn their workers: with the suite's fork server named, its first Ray run took 509-549 s
-    against 147 s without (cause not found yet: a Ray driver's workers forked from a server Ray knows nothing of)."""
+def spawned_workers() -> Iterator[dict[str, str]]:
+    """This module's Ray commands spawn their workers: with the suite's fork server named, its first Ray run took
+    509-549 s against 147 s without (cause not found yet: a Ray driver's workers forked from a server Ray knows
+    nothing of). Yields the environment that names the server again, for a local run."""
     address = os.environ.pop(ENV_VAR, None)
-    yield
+    yield {ENV_VAR: address} if address is not None else {}
     if address is not None:
         os.environ[ENV_VAR] = address
 
@@ -116,11 +118,11 @@ class SameRuns:
 
 
 @pytest.fixture(scope="module")
-def same(ray_cluster, tmp_path_factory) -> SameRuns:
-    """One scenario run locally and on the cluster."""
+def same(ray_cluster, spawned_workers, tmp_path_factory) -> SameRuns:
+    """One scenario run locally (its workers forked, as in the rest of the suite) and on the cluster."""
     tmp = tmp_path_factory.mktemp("same")
     scenario = _scenario(tmp, "same")
-    local = parity("run", str(scenario), out=tmp / "local")
+    local = parity("run", str(scenario), out=tmp / "local", env=spawned_workers)
     code, err = _finish(ray_cluster.run(scenario))
     return SameRuns(scenario, local, code, err, ray_cluster.run_dir(scenario))
 
