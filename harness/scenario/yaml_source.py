@@ -24,8 +24,7 @@ class YamlSource:
         if text is None:
             text = _read(path)
         try:
-            self.root = yaml.compose(text, Loader=LOADER)
-            self.data = yaml.load(text, Loader=LOADER)  # a safe loader, libyaml's or Python's
+            self.root, self.data = _parse(text)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -91,6 +90,16 @@ class YamlSource:
             message = "required key is missing: add it"
         more = f" (and {len(exc.errors()) - 1} more problem(s))" if len(exc.errors()) > 1 else ""
         return self.error(loc, message + more)
+
+
+def _parse(text: str) -> tuple[yaml.Node | None, Any]:
+    """The document's node tree (for line numbers) and the data built from it, in one parse."""
+    loader = LOADER(text)
+    try:
+        root = loader.get_single_node()
+        return root, loader.construct_document(root) if root is not None else None
+    finally:
+        loader.dispose()
 
 
 def _read(path: Path) -> str:
