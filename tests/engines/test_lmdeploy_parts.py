@@ -79,3 +79,4 @@ def test_env_create_resolves_the_pinned_lmdeploy_environment() -> None:
     assert run.code == 0, run.stderr[-2000:]
     text = " ".join(run.stdout.split())
     assert "lmdeploy==0.18.0" in text and "torch==" in text
+    assert "lmdeploy: uv would install" in text  # uv, which scripts/bootstrap.sh installs: 2 s against pip's 43 s
