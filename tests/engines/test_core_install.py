@@ -3,11 +3,14 @@ in for a CUDA build) gets `pip install .` without vLLM and without torch being r
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from adapters.uv_install import find_uv, uv_pip
 
 from helpers import ROOT, write_scenario
 
@@ -24,7 +27,10 @@ params: {max_new_tokens: 6, ignore_eos: true}
 
 
 def run(cmd: list[str], cwd: Path = ROOT, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    """CMD with bytecode writing allowed, as on most machines (this one sets PYTHONDONTWRITEBYTECODE): the core
+    venv's first import of torch and transformers leaves the .pyc files its later processes read."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +39,11 @@ def core_venv(tmp_path_factory) -> Path:
     base = getattr(sys, "_base_executable", sys.executable)
     assert run([base, "-m", "venv", str(venv)]).returncode == 0
     python = venv / "bin" / "python"
-    # a current pip, as scripts/bootstrap.sh installs: with Python 3.11's own (23.2) this module took 113 s of user CPU
-    # against 78 s (112 s of wall time against 106 s alone: the CPU counts when the suite's other process runs)
-    assert run([str(python), "-m", "pip", "install", "--quiet", "pip==26.3"]).returncode == 0
-    # --no-compile: byte-compiling torch's files at install took 19 of its 30 s; imports compile what they use
-    torch = run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", "torch==2.13.0"])
-    assert torch.returncode == 0, torch.stderr[-2000:]
+    # The torch already there, and a current pip, put in by uv (seconds; pip took 30 s for torch alone); what is
+    # under test is the user's `pip install .` on top of them (with Python 3.11's own pip 23.2 this module took 113 s
+    # of user CPU against 78 s). --no-compile: imports compile what they use.
+    given = uv_pip(find_uv(), "install", ["--python", str(python), "pip==26.3", "torch==2.13.0"])
+    assert given.returncode == 0, given.stderr[-2000:]
     core = run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", str(ROOT)])
     assert core.returncode == 0, core.stderr[-2000:]
     return python
