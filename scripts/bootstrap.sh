@@ -24,11 +24,11 @@ fi
 python="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 echo "bootstrap: creating $venv with $("$python" --version) (a few minutes; the first time on a machine up to 15 more: llama-cpp-python builds from source)" >&2
 "$python" -m venv "$venv"
-# uv, not pip, installs (scripts/uv_pip.py gives it this machine's pip configuration): the same wheels in 13 s
-# against pip's 122 s here. uv compiles no bytecode; the import check below compiles what is imported. Its errors
-# print; --quiet keeps its progress out, and the import check catches an install that half-worked. pip itself (a
-# current one: `parity env create` resolves with it, 39 s against Python 3.11's pip 23.2's 74 s) installs uv;
-# --quiet twice: this machine's pip.conf names index folders that hold no package, 2 warnings each.
+# uv, not pip, installs (scripts/uv_pip.py, adapters/uv_install.py: it is given this machine's pip configuration):
+# the same wheels in 13 s against pip's 122 s here. uv compiles no bytecode; the import check below compiles what is
+# imported. Its errors print; --quiet keeps its progress out, and the import check catches an install that half-
+# worked. pip installs uv, and a current pip stays in the venv: it builds llama-cpp-python below. --quiet twice:
+# this machine's pip.conf names index folders that hold no package, 2 warnings each.
 "$venv/bin/python" -m pip --disable-pip-version-check --quiet --quiet install --no-compile pip==26.3 uv==0.13.9
 uv_pip=("$venv/bin/python" scripts/uv_pip.py)
 read_list() { "$venv/bin/python" -c "import tomllib,sys; print(' '.join(tomllib.load(open('pyproject.toml','rb'))['tool']['llm-parity'][sys.argv[1]]))" "$1"; }
