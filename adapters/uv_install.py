@@ -63,8 +63,7 @@ def uv_pip(uv: str, command: str, args: list[str], stdin: str | None = None) -> 
     options: list[str] = []
     env: dict[str, str] = {}
     if command in ("install", "compile"):
-        listing = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
-                                 check=True).stdout
-        options, env = uv_options(pip_config(listing))
+        listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
+        options, env = uv_options(pip_config(listed.stdout if listed.returncode == 0 else ""))  # no pip: no config
     return subprocess.run([uv, "pip", command, *options, *args], env={**os.environ, **env}, input=stdin,
                           capture_output=True, text=True)
