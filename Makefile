@@ -1,7 +1,8 @@
 # The two commands of the README, plus the fast tier. Each creates .venv on first use (scripts/bootstrap.sh).
 VENV ?= .venv
 # pytest processes for `make test` (by file: a module's shared engine runs stay in one process); 0 = all in one process.
-# Three were 7% faster on one commit (26:15 against 28:22) but a Ray Ctrl-C test timed out under their load once
+# Three were 7% faster on 2026-11-26 (26:15 against 28:22); on f9d1643 (2026-11-28) slower: 26:21 against 23:52 and
+# 25:34, 46 min of CPU against 41 (three processes' engines contend for two cores)
 TEST_WORKERS ?= 2
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # Python may write .pyc files under these commands even where the shell forbids it (PYTHONDONTWRITEBYTECODE): the
