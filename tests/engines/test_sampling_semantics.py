@@ -113,10 +113,11 @@ def sampling_parity(tmp_path_factory) -> ParityRun:
     """The shipped scenario plus one engine 10% hotter, in one run: one HF sampling pass serves both checks. The
     hotter one is HF: it computes the prompt once for all samples where vLLM computes it for each, and what is under
     test is the G-test's verdict, whichever engine drew the samples. 1200 samples, not the scenario's 2000: vLLM's
-    cost grows with them (the run 141 s of CPU against 219 s), and the hotter engine still stands out at p=3.4e-05
-    against the 0.005 threshold (p=0.0017 at 1000). One step, not the scenario's two: each decode step costs vLLM
-    a pass over all samples (the run 108 s of CPU against 153 s), and the hotter engine stands out at the first token
-    (p=7.1e-04 against the one step's 0.01; vLLM's p=0.38); tests/engines/test_invariance.py keeps a two-step test."""
+    cost grows with them (the run 141 s of CPU against 219 s), and the hotter engine still stood out at two steps
+    (p=3.4e-05 against their 0.005 threshold; p=0.0017 at 1000). One step, not the scenario's two: each decode
+    step costs vLLM a pass over all samples (the run 108 s of CPU against 153 s), and the hotter engine stands out at
+    the first token (p=7.1e-04 against the one step's 0.01; vLLM's p=0.38); tests/engines/test_invariance.py keeps a
+    two-step test."""
     tmp = tmp_path_factory.mktemp("sampling")
     text = (SCENARIOS / "sampling-parity.yaml").read_text().replace(
         "prompts:", "  hf-hotter:\n    engine: hf\n    params: {temperature: 1.1}\nprompts:", 1)
