@@ -18,6 +18,14 @@ from typer._click import exceptions as click_errors  # typer (pinned) vendors cl
 from typer.core import TyperGroup
 
 from harness.core.errors import EXIT_INTERRUPTED, ConfigError, ParityError
+from harness.core.user_paths import (
+    check_option,
+    file_to_read_problem,
+    folder_to_read_problem,
+    os_reason,
+    shown,
+    to_write_problem,
+)
 from harness.render.console import console, err_console
 
 # Registered first, so it runs last: by then every file of the command is written and closed, and the objects left
@@ -92,6 +100,11 @@ def cli_errors(command):
         except ParityError as exc:
             _error(exc.message)
             raise typer.Exit(exc.exit_code) from None
+        except OSError as exc:
+            if exc.filename is None:
+                raise  # not about a path the user gave: a bug, whose traceback is wanted
+            _error(f"{shown(exc.filename)}: {os_reason(exc)}: check the path and its permissions")
+            raise typer.Exit(ConfigError.exit_code) from None
         except KeyboardInterrupt:
             err_console.print("interrupted")
             raise typer.Exit(EXIT_INTERRUPTED) from None
@@ -140,6 +153,21 @@ def selection(engines: str | None, allow_missing: bool, cases: list[str] | None 
     return Selection(engines=names, cases=cases, allow_missing=allow_missing)
 
 
+def folder_out(option: str, path: Path | None) -> None:
+    """A folder the command writes into: usable, or a one-line error before anything runs."""
+    check_option(option, path, lambda p: to_write_problem(p, folder=True),
+                 "pass a folder you can write to (it is created if missing)")
+
+
+def file_out(option: str, path: Path | None) -> None:
+    check_option(option, path, lambda p: to_write_problem(p, folder=False),
+                 "pass a file name in a folder you can write to")
+
+
+def run_dir_in(option: str, path: Path) -> None:
+    check_option(option, path, folder_to_read_problem, "pass a run directory (reports/<run-id>)")
+
+
 @app.command()
 @cli_errors
 def validate(scenarios: ScenarioPaths) -> None:
@@ -172,7 +200,10 @@ def run(scenarios: Annotated[list[Path] | None, typer.Argument(help="scenario YA
     from harness.commands import resume_and_print, run_all_and_print
     from harness.scenario.spec import load
 
+    folder_out("--out", out)
+    check_option("--plan", plan, file_to_read_problem, "pass a cluster description file (see docs/ray.md)")
     if resume is not None:
+        run_dir_in("--resume", resume)
         if scenarios or engines or allow_missing or plan:
             raise ConfigError("--resume continues a run with the scenario and engines it started with: drop the "
                               "scenario files, --engines, --allow-missing and --plan")
@@ -206,6 +237,7 @@ def explain(scenarios: ScenarioPaths,
     from harness.commands import explain_all_and_print
     from harness.scenario.spec import load
 
+    folder_out("--out", out)
     loaded = [load(path) for path in scenarios]  # every file is validated before any engine starts
     with executor_scope(executor, ray_address):
         code = explain_all_and_print(loaded, out, selection(engines, allow_missing, case), k, parallel)
@@ -223,6 +255,7 @@ def transplant(scenario: ScenarioPath, case: Cases = None, engines: Engines = No
     from harness.commands import transplant_and_print
     from harness.scenario.spec import load
 
+    folder_out("--out", out)
     with executor_scope(executor, ray_address):
         code = transplant_and_print(load(scenario), out, selection(engines, allow_missing, case))
     raise typer.Exit(code)
@@ -255,6 +288,11 @@ def gate(scenarios: ScenarioPaths,
     from harness.commands import gate_and_print
     from harness.scenario.spec import load
 
+    folder_out("--out", out)
+    check_option("--baseline", baseline, folder_to_read_problem,
+                 "pass the folder `parity baseline save RUN_DIR --to FOLDER` wrote")
+    file_out("--junit", junit)
+    file_out("--summary", summary)
     loaded = [load(path) for path in scenarios]
     with executor_scope(executor, ray_address):
         code = gate_and_print(loaded, baseline, out, selection(engines, allow_missing), parallel, junit, summary)
@@ -268,6 +306,8 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run directory (report
     """Write one self-contained HTML report (inline styles and SVG plots, no network) of a run directory."""
     from harness.report.html import write
 
+    run_dir_in("RUN_DIR", run_dir)
+    file_out("--out", out)
     console.print(f"report: {write(run_dir, out)}", highlight=False)
 
 
@@ -278,6 +318,8 @@ def baseline_save(run_dir: Annotated[Path, typer.Argument(help="a finished run d
     """Store a run's token ids, logprobs, verdicts and versions as the baseline of its scenario."""
     from harness.compare import baseline as baselines
 
+    run_dir_in("RUN_DIR", run_dir)
+    folder_out("--to", to)
     console.print(f"baseline saved: {baselines.save(run_dir, to)}", highlight=False)
 
 

@@ -285,28 +285,42 @@ def _build_into(model: NamedModel, target: Path) -> None:
         Path(tmp).mkdir()  # TemporaryDirectory expects something to clean up
 
 
+def model_problem(model: str) -> str | None:
+    """Why a scenario's `model:` is neither a named model nor a usable HF folder (one sentence with the fix), or
+    None; touches nothing but the path."""
+    from harness.core.user_paths import shown
+    from harness.models.user_folder import folder_problem
+
+    why = None if model in MODELS else folder_problem(model)
+    return why and (f"'{shown(model)}' {why}: use a named model ({', '.join(MODELS)}) or the path of an HF "
+                    "model folder with config.json")
+
+
 def resolve(model: str, dtype: str, origin: str = "scenario") -> Path:
     """A scenario's `model:` value -> an HF-format folder. Named models are prepared on first use."""
     if model in MODELS:
         if not MODELS[model].prepared():
             prepare(model)
         return MODELS[model].folder(dtype)
-    path = Path(model).expanduser()
-    if not (path / "config.json").exists():
-        known = ", ".join(MODELS)
-        raise ConfigError(f"{origin}: model: '{model}' is neither a named model ({known}) "
-                          f"nor a folder with config.json: fix the path or use a named model")
-    return path.resolve()
+    problem = model_problem(model)
+    if problem:
+        raise ConfigError(f"{origin}: model: {problem}")
+    from harness.core.user_paths import expanded
+
+    return expanded(Path(model)).resolve()
 
 
 def dtype_problem(model: str, dtype: str) -> str | None:
-    """Why a scenario's model cannot run in this dtype (a family limit), or None; never prepares anything."""
+    """Why a scenario's model cannot run in this dtype (a family limit), or None; never prepares anything. The
+    model is a named model or a folder model_problem() accepted."""
+    from harness.core.user_paths import expanded
     from harness.models.families import dtype_problem as family_problem
-    from harness.models.families import model_type
+    from harness.models.user_folder import read_config
 
     if model in MODELS:
         return family_problem(MODELS[model].family or None, dtype)
-    return family_problem(model_type(Path(model).expanduser()), dtype)
+    family = read_config(expanded(Path(model))).get("model_type")
+    return family_problem(family if isinstance(family, str) else None, dtype)
 
 
 def eos_token_ids(model_path: Path) -> set[int]:

@@ -6,16 +6,7 @@ refuses float16 for them (its _FLOAT16_NOT_SUPPORTED_MODELS), so a float16 run w
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 FLOAT16_OVERFLOWS = frozenset({"gemma2", "gemma3", "gemma3_text"})
-
-
-def model_type(folder: Path) -> str | None:
-    """config.json's model_type of an HF folder, read without transformers (None if there is no config)."""
-    config = folder / "config.json"
-    return json.loads(config.read_text()).get("model_type") if config.exists() else None
 
 
 def dtype_problem(family: str | None, dtype: str) -> str | None:

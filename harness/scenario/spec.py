@@ -293,6 +293,19 @@ def _prompts(source: YamlSource, spec: Scenario) -> list[PromptSpec]:
     return prompts
 
 
+def _check_model(source: YamlSource, spec: Scenario) -> None:
+    """The model is a named model or a readable HF folder, whatever the string (checked before anything uses it). A
+    model_shared path is on a cluster's storage, which this machine may not mount (`parity run --plan`): only the
+    string is checked here, the folder when a run resolves it."""
+    from harness.core.user_paths import name_problem, shown
+    from harness.models import catalog as models
+
+    problem = models.model_problem(spec.model) if not spec.model_shared or spec.model in models.MODELS else \
+        name_problem(spec.model) and f"'{shown(spec.model)}' {name_problem(spec.model)}: give the path of the folder"
+    if problem:
+        raise source.error(("model",), problem)
+
+
 def _check_engines(source: YamlSource, spec: Scenario) -> dict[str, EngineDescription]:
     """Engine types must be registered, their options valid for the adapter, and their dtype one the engine runs
     (checked before anything runs). Returns each engine's description."""
@@ -355,6 +368,7 @@ def load(path: str | Path, text: str | None = None) -> LoadedScenario:
         spec = Scenario.model_validate(source.data)
     except ValidationError as exc:
         raise source.validation_error(exc) from None
+    _check_model(source, spec)
     descriptions = _check_engines(source, spec)
     prompts = _prompts(source, spec)
     points = math.prod(len(values) for values in spec.grid.values())

@@ -35,7 +35,8 @@ from harness.scenario.spec import load
 
 from helpers import parity, parity_in_process
 
-EXAMPLES = {"scenario": 300, "raw": 200, "argv": 200, "run_dir": 200, "baseline": 100, "journal": 200}
+EXAMPLES = {"scenario": 300, "raw": 200, "argv": 200, "run_dir": 200, "baseline": 100, "journal": 200,
+            "model": 150, "paths": 200}
 NOWHERE = "/nonexistent/python"  # an engine whose interpreter is missing: a run stops at exit 3, nothing starts
 OK_CODES = {0, 2, 3}
 
@@ -216,6 +217,81 @@ def test_the_unfuzzed_base_is_valid_and_stops_at_the_missing_interpreter(workdir
     assert parity_in_process("validate", str(path)).code == 0
     done = parity_in_process("run", str(path), "--out", str(workdir / "reports"))
     assert done.code == 3 and NOWHERE in done.stderr
+
+
+# --- model names and the paths a user passes: whatever the operating system answers is one line -----------------
+
+@pytest.fixture(scope="module")
+def odd_places(workdir: Path) -> dict[str, Path]:
+    """Real things a path may run into: a file, a folder without config.json, a config.json that is not JSON, a JSON
+    list, or a folder, a symlink loop, a dangling link."""
+    root = workdir / "odd"
+    root.mkdir()
+    (root / "file").write_text("x")
+    (root / "empty").mkdir()
+    for name, config in (("notjson", "{"), ("jsonlist", "[1]")):
+        (root / name).mkdir()
+        (root / name / "config.json").write_text(config)
+    (root / "configdir" / "config.json").mkdir(parents=True)
+    (root / "loop-a").symlink_to(root / "loop-b")
+    (root / "loop-b").symlink_to(root / "loop-a")
+    (root / "dangling").symlink_to(root / "gone")
+    return {"file": root / "file", "empty": root / "empty", "notjson": root / "notjson",
+            "jsonlist": root / "jsonlist", "configdir": root / "configdir", "loop": root / "loop-a",
+            "dangling": root / "dangling", "through-file": root / "file" / "below", "missing": root / "no" / "such"}
+
+
+@st.composite
+def odd_path(draw, places: dict[str, Path]) -> str:
+    """A path string: one of the odd places, something below it, a name too long for the file system, bytes no
+    name may hold, or random text (anchored under the fuzz folder, so nothing is created elsewhere)."""
+    kind = draw(st.sampled_from(["place", "below", "long", "nul", "text"]))
+    if kind == "place":
+        return str(places[draw(st.sampled_from(sorted(places)))])
+    if kind == "below":
+        return str(places[draw(st.sampled_from(sorted(places)))] / draw(st.text(min_size=1, max_size=8)))
+    if kind == "long":
+        return str(places["empty"] / (draw(st.sampled_from("aé漢")) * draw(st.integers(200, 6000))))
+    if kind == "nul":
+        return str(places["empty"]) + "/a\0b"
+    return str(places["empty"] / draw(st.text(min_size=1, max_size=40)))
+
+
+@fuzz_settings("model")
+@given(data=st.data())
+def test_fuzzed_model_names_are_one_line_errors(workdir: Path, odd_places: dict[str, Path], data) -> None:
+    model = data.draw(odd_path(odd_places) | st.text(max_size=60) | st.just("~no-such-user/model"))
+    text = yaml.safe_dump({**BASE, "model": model}, allow_unicode=True, sort_keys=False)
+    path = _scenario_file(workdir, text)
+    done = parity_in_process("validate", str(path))
+    check(done, path)
+    if done.code == 2 and "model:" in done.stderr:
+        assert f"{path}:" in done.stderr and "use a named model" in done.stderr, done.stderr
+
+
+PATH_COMMANDS = [("run", "@valid", "--out", "@"), ("explain", "@valid", "--out", "@"), ("run", "--resume", "@"),
+                 ("report", "@"), ("report", "@run", "--out", "@"), ("baseline", "save", "@"),
+                 ("baseline", "save", "@run", "--to", "@"), ("gate", "@valid", "--baseline", "@"),
+                 ("gate", "@valid", "--baseline", "@baseline", "--junit", "@"),
+                 ("gate", "@valid", "--baseline", "@baseline", "--summary", "@")]
+
+
+@fuzz_settings("paths")
+@given(data=st.data())
+def test_fuzzed_user_paths_are_one_line_errors(workdir: Path, template: Path, odd_places: dict[str, Path],
+                                               data) -> None:
+    """--out, --baseline, --junit, --summary, --to and run directories given odd paths: exit 0 or a documented
+    code, one line on error, never a traceback (no engine starts: the scenario names a missing interpreter)."""
+    given_path = data.draw(odd_path(odd_places))
+    known = {"@valid": str(workdir / "s.yaml"), "@run": str(template), "@baseline": str(template.parent / "baseline"),
+             "@": given_path}
+    words = [known.get(w, w) for w in data.draw(st.sampled_from(PATH_COMMANDS))]
+    done = parity_in_process(*words)
+    assert not done.traceback, (words, done.traceback)
+    assert done.code in OK_CODES, (words, done.code, done.stderr[-1500:])
+    if done.code != 0:
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (words, done.stderr)
 
 
 COMMANDS = ["run", "validate", "explain", "transplant", "params", "gate", "report", "baseline save",

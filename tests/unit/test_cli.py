@@ -46,16 +46,19 @@ def test_validate_ok_and_broken(tmp_path: Path) -> None:
      ":4: engines.b: engine lmdeploy runs bfloat16, float16 only, not float32: give engine b a dtype it supports "
      "(engines.b.dtype: bfloat16)"),
     (("b: {engine: vllm}", "b: {engine: lmdeploy, dtype: float32}"), ":4: engines.b.dtype: engine lmdeploy runs"),
-    (("tiny-llama", "/no/such/model"), "is neither a named model"),
+    (("tiny-llama", "/no/such/model"), ":1: model: '/no/such/model' does not exist: use a named model"),
+    (("tiny-llama", "m" * 5000), ":1: model: '" + "m" * 80 + "... (5000 characters)' is longer than the file "
+     "system allows for a name: use a named model"),
+    (("tiny-llama", "/etc/hostname"), ":1: model: '/etc/hostname' is a file, not a folder"),
+    (("tiny-llama", "/"), ":1: model: '/' is a folder without config.json, not an HF model folder"),
 ])
 def test_bad_input_is_exit_2_and_writes_nothing(tmp_path: Path, mutation, words: str) -> None:
     scenario = write_scenario(tmp_path / "s.yaml", GOOD.replace(*mutation))
-    for command in ("run", "explain", "transplant", "params", "gate"):
+    for command in ("validate", "run", "explain", "transplant", "params", "gate"):
         extra = ["--baseline", str(tmp_path)] if command == "gate" else []
-        args = [command, str(scenario), *extra, *(["--out", str(tmp_path / "r")] if command != "params" else [])]
+        args = [command, str(scenario), *extra,
+                *(["--out", str(tmp_path / "r")] if command not in ("params", "validate") else [])]
         run = parity_in_process(*args)
-        if words.startswith("is neither") and command in ("params", "gate"):
-            continue  # params needs no weights; gate stops first at the missing baseline
         assert run.code == 2, (command, run.stdout, run.stderr)
         assert words in run.stderr and "Traceback" not in run.stderr, (command, run.stderr)
     assert not (tmp_path / "r").exists()
@@ -80,6 +83,8 @@ def test_engine_selection_options_are_the_same_for_every_command(tmp_path: Path)
     unknown = parity_in_process("params", str(scenario), "--engines", "a,zzz")
     assert unknown.code == 2 and "['zzz'] not in" in unknown.stderr
     gate = parity_in_process("gate", str(scenario), "--baseline", str(tmp_path / "none"))
+    assert gate.code == 2 and f"--baseline {tmp_path / 'none'}: does not exist" in gate.stderr
+    gate = parity_in_process("gate", str(scenario), "--baseline", str(tmp_path))
     assert gate.code == 2 and "no baseline for scenario 's'" in gate.stderr
 
 

@@ -81,6 +81,7 @@ prompts: ["the cat", "the cat sat"]
 
 def test_a_warned_case_is_noted_everywhere_and_fails_only_under_strict(tmp_path) -> None:
     path = tmp_path / "s.yaml"
+    (tmp_path / "config.json").write_text("{}")  # a model folder, as validation asks
     scenario = load(path, text=SCENARIO.format(model=tmp_path))
     verdicts = pd.DataFrame({"case_id": ["p0", "p1", "p0", "p1"], "engine": ["loose", "loose", "strict", "strict"],
                              "verdict": "match", "expected": True, "explanation": "identical 2 tokens"})
