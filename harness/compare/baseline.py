@@ -2,7 +2,8 @@
 
 baselines/NAME/<scenario>.jsonl: a header line (scenario, source run, engine versions), then one line per case and
 engine: status, token ids, chosen-token logprobs (rounded to 1e-6), top-k ids, verdict vs the reference and its
-first divergence step. A change in one case changes one line.
+first divergence step, and for beam search every returned beam (token ids and per-token logprobs, best first). A
+change in one case changes one line.
 """
 
 from __future__ import annotations
@@ -12,17 +13,28 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.compare.token_rules import COLUMNS, VERDICT_TYPES
 from harness.core.errors import ConfigError
 from harness.rundir import layout
 from harness.rundir.store import read_meta, write_atomic
-from harness.rundir.tables import read_parquet, read_results, read_steps
+from harness.rundir.tables import read_beams, read_parquet, read_results, read_steps
 
 
 def _round(values) -> list[float]:
     return [round(float(v), 6) for v in values]
+
+
+def _beams_by_case(run_dir: Path) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """(engine, case) -> its returned beams, best first, as baseline records hold them."""
+    beams = read_beams(run_dir)
+    if beams is None:
+        return {}
+    return {key: [{"token_ids": [int(t) for t in b.token_ids],
+                   "logprobs": [None if v is None or pd.isna(v) else round(float(v), 6) for v in b.logprobs]}
+                  for b in group.sort_values("rank").itertuples()]
+            for key, group in beams.groupby(["engine", "case_id"], sort=False)}
 
 
 def records_from_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -35,6 +47,7 @@ def records_from_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]
     verdicts = read_parquet(run_dir, layout.VERDICTS, VERDICT_TYPES, required=False)
     verdicts = (verdicts if verdicts is not None else pd.DataFrame(columns=COLUMNS)).set_index(["engine", "case_id"])
     per_case = {key: group for key, group in steps.groupby(["engine", "case_id"], sort=False)}
+    beams = _beams_by_case(run_dir)
     records = []
     for row in results.itertuples():
         key = (row.engine, row.case_id)
@@ -48,6 +61,7 @@ def records_from_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]
             "verdict": verdict.verdict if verdict is not None else "reference",
             "first_divergence": int(verdict.first_divergence) if verdict is not None
             and pd.notna(verdict.first_divergence) else -1,
+            "beams": beams.get(key, []),
         })
     header = {"scenario": meta.scenario_name, "run_id": meta.run_id, "reference": meta.reference,
               "versions": {name: e.versions for name, e in meta.engines.items()}}
@@ -70,6 +84,13 @@ class BaselineHeader(BaseModel):
     versions: dict[str, dict[str, str]]
 
 
+class BaselineBeam(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    token_ids: list[int]
+    logprobs: list[float | None]
+
+
 class BaselineRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -82,6 +103,7 @@ class BaselineRecord(BaseModel):
     top_ids: list[list[int]]
     verdict: str
     first_divergence: int
+    beams: list[BaselineBeam] = Field(default_factory=list)  # absent in baselines saved before beams were kept
 
 
 def load(baseline_dir: Path, scenario_name: str) -> tuple[dict[str, Any], dict[tuple[str, str], dict[str, Any]]]:

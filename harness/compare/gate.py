@@ -33,6 +33,33 @@ def _first_difference(old: list[int], new: list[int]) -> int:
     return min(len(old), len(new)) if len(old) != len(new) else -1
 
 
+def _logprob_move(old: list[float | None], new: list[float | None], before: int) -> float:
+    """The largest |difference| of two logprob lists over their first `before` steps where both have a value."""
+    pairs = [(a, b) for a, b in zip(old[:before], new[:before], strict=False) if a is not None and b is not None]
+    if not pairs:
+        return 0.0
+    was, now = zip(*pairs, strict=True)
+    return float(np.abs(np.subtract(was, now)).max())
+
+
+def beam_moves(old: list[dict], new: list[dict], tolerance: float) -> list[str]:
+    """Why the beams of a beam-search case moved against their baseline (the best beam's tokens are the case's own
+    token ids, gated by compare_to_baseline; its logprobs and every other beam are gated here)."""
+    if not new:
+        return []
+    if not old:
+        return ["the baseline holds no beams (saved before baselines kept them): save it again to gate every beam"]
+    reasons = [f"{len(new)} beam(s) returned, the baseline has {len(old)}"] if len(new) != len(old) else []
+    for rank, (was, now) in enumerate(zip(old, new, strict=False)):
+        step = _first_difference(was["token_ids"], now["token_ids"])
+        if rank and step >= 0:
+            reasons.append(f"beam {rank + 1} moved against the baseline from step {step}")
+        delta = _logprob_move(was["logprobs"], now["logprobs"], step if step >= 0 else len(now["logprobs"]))
+        if delta > tolerance:
+            reasons.append(f"beam {rank + 1}'s token logprobs moved by {delta:.3g} > tolerance {tolerance:g}")
+    return reasons
+
+
 def compare_to_baseline(old: dict, new: dict, tolerance: float) -> list[str]:
     """Why a case/engine result moved against its baseline record (empty: it did not)."""
     if new["status"] != "ok":
@@ -52,7 +79,7 @@ def compare_to_baseline(old: dict, new: dict, tolerance: float) -> list[str]:
     if new_div >= 0 and (old_div < 0 or new_div < old_div):
         was = "none" if old_div < 0 else f"step {old_div}"
         reasons.append(f"first divergence from the reference moved earlier: {was} -> step {new_div}")
-    return reasons
+    return reasons + beam_moves(old.get("beams", []), new.get("beams", []), tolerance)
 
 
 def judge_run(run_dir: Path, baseline_dir: Path, expected: dict[tuple[str, str], tuple[bool, str]],

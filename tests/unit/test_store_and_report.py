@@ -11,14 +11,14 @@ import pandas as pd
 import pytest
 
 from harness.compare.baseline import save
-from harness.compare.gate import compare_to_baseline
+from harness.compare.gate import compare_to_baseline, judge_run
 from harness.compare.token_rules import judge
 from harness.core.errors import ConfigError
-from harness.core.types import Result
+from harness.core.types import Beam, Result
 from harness.report.html import build
 from harness.report.summary import write_summary
 from harness.rundir.store import FORMAT_VERSION, EngineMeta, RunMeta, read_meta, write_meta
-from harness.rundir.tables import STEP_TYPES, read_parquet, results_frame, steps_frame, write_parquet
+from harness.rundir.tables import STEP_TYPES, beams_frame, read_parquet, results_frame, steps_frame, write_parquet
 from harness.scenario.spec import load
 
 from helpers import parity_in_process, write_scenario
@@ -39,14 +39,11 @@ def result(engine: str, case: str, ids: list[int], text: str = "<b>bold</b>") ->
                   top_logprobs=[[-0.1, -2.0]] * len(ids), finish_reason="length")
 
 
-@pytest.fixture
-def run_dir(tmp_path: Path) -> Path:
+def write_run(tmp_path: Path, results: list[Result], run_id: str = "20261123-000000-s") -> Path:
     """A run directory written by the store's own functions from hand-built results."""
     scenario = load(write_scenario(tmp_path / "s.yaml", SCENARIO))
-    results = [result("ref", "a", [5, 6, 7]), result("ref", "b", [5, 6, 7]), result("other", "a", [5, 6, 7]),
-               result("other", "b", [5, 8, 7])]
     verdicts = judge(scenario, {(r.engine, r.case_id): r for r in results}, lambda t: f"tok{t}")
-    run = tmp_path / "reports" / "20261123-000000-s"
+    run = tmp_path / "reports" / run_id
     run.mkdir(parents=True)
     engine = EngineMeta(engine="hf", dtype="float32", threads=1, python="python", model_path=str(tmp_path / "gone"))
     meta = RunMeta(run_id=run.name, scenario="s.yaml", scenario_name="s", scenario_text=SCENARIO, model="tiny-llama",
@@ -55,9 +52,17 @@ def run_dir(tmp_path: Path) -> Path:
     write_parquet(run / "results.parquet", results_frame(results, {}, {}))
     write_parquet(run / "steps.parquet", steps_frame(results))
     write_parquet(run / "verdicts.parquet", verdicts)
+    if any(r.beams for r in results):
+        write_parquet(run / "beams.parquet", beams_frame(results))
     write_meta(run, meta)
     write_summary(run / "summary.md", meta, {"tokens": verdicts})
     return run
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return write_run(tmp_path, [result("ref", "a", [5, 6, 7]), result("ref", "b", [5, 6, 7]),
+                                result("other", "a", [5, 6, 7]), result("other", "b", [5, 8, 7])])
 
 
 def test_a_stored_run_renders_to_markdown_and_html(run_dir: Path) -> None:
@@ -79,6 +84,25 @@ def test_a_baseline_is_saved_from_a_stored_run_and_compared(run_dir: Path, tmp_p
     moved = {**old, "token_ids": old["token_ids"][:1] + [99] + old["token_ids"][2:]}
     assert compare_to_baseline(old, moved, 1e-3) == ["tokens moved against the baseline from step 1"]
     assert compare_to_baseline(old, old, 1e-3) == []
+
+
+def beam_result(engine: str, case: str, second: list[int]) -> Result:
+    best = result(engine, case, [5, 6, 7])
+    return best.model_copy(update={"beams": [Beam(token_ids=[5, 6, 7], logprobs=[-0.1] * 3, cum_logprob=-0.3),
+                                             Beam(token_ids=second, logprobs=[-0.2] * 3, cum_logprob=-0.6)]})
+
+
+def test_a_beam_search_baseline_gates_every_beam(tmp_path: Path) -> None:
+    """Only the second beam of one case moves: the gate fails that case and names the beam and step."""
+    cases = [(e, c) for e in ("ref", "other") for c in ("a", "b")]
+    before = write_run(tmp_path, [beam_result(e, c, [5, 6, 8]) for e, c in cases], "20261123-000000-s")
+    after = write_run(tmp_path, [beam_result(e, c, [5, 9, 8] if (e, c) == ("other", "b") else [5, 6, 8])
+                                 for e, c in cases], "20261123-000001-s")
+    save(before, tmp_path / "baselines")
+    gated = {(g.engine, g.case_id): g.failures for g in judge_run(after, tmp_path / "baselines", {}, {})}
+    assert gated.pop(("other", "b")) == ["beam 2 moved against the baseline from step 1"]
+    assert all(not failures for failures in gated.values()), gated
+    assert all(not g.failures for g in judge_run(before, tmp_path / "baselines", {}, {}))
 
 
 @pytest.mark.parametrize("damage, words", [
