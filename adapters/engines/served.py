@@ -101,11 +101,11 @@ class ServedEngine(OpenAIEngine):
 
     def _start(self, setup: EngineSetup, headers: dict[str, str]) -> str:
         port = free_port()
-        self.launched = self.launch(setup, port)
         started = time.monotonic()
-        self.server = ServerProcess(self.launched.command, {**THREADS_UNSET, **self.launched.env},
-                                    setup.workdir / "server.log", setup.workdir / "server.pid")
-        try:
+        try:  # no close() follows a constructor that raised: what launch() made (a socket folder) is released here
+            self.launched = self.launch(setup, port)
+            self.server = ServerProcess(self.launched.command, {**THREADS_UNSET, **self.launched.env},
+                                        setup.workdir / "server.log", setup.workdir / "server.pid")
             self.server.wait_ready(f"http://127.0.0.1:{port}{self.launched.health_path}", self.options.startup_timeout,
                                    headers)
         except BaseException:

@@ -83,16 +83,19 @@ class Engine(ServedEngine):
     DIALECT = "vllm"
 
     def launch(self, setup: EngineSetup, port: int) -> Launch:
-        sockets = socket_dir(setup.workdir)
+        key = os.environ.get(self.options.api_key_env) if self.options.api_key_env else None
+        if self.options.api_key_env and key is None:
+            raise RuntimeError(f"api_key_env: ${self.options.api_key_env} is not set: export it, or drop the option")
         # multiprocessing False: the API server still runs the engine core in a process of its own, but the CPU
         # platform then keeps vLLM's model runner in that process (uni executor) instead of a third process that
         # imports vLLM again: ready in 21 s instead of 32 s on a 2-core machine, the same tokens
         env_options = OfflineOptions(kv_cache_gib=self.options.kv_cache_gib, multiprocessing=False,
                                      batch_invariant=self.options.batch_invariant)
+        sockets = socket_dir(setup.workdir)  # the last thing made here: nothing below raises before Launch owns it
         env = {**os.environ, **prepare_env(setup.workdir, env_options, sockets)}
         env.pop("VLLM_API_KEY", None)  # a shell's own key would make the server demand one the harness never sends
-        if self.options.api_key_env:  # the key goes in the environment, never on the command line (ps shows that)
-            env["VLLM_API_KEY"] = os.environ[self.options.api_key_env]
+        if key is not None:  # the key goes in the environment, never on the command line (ps shows that)
+            env["VLLM_API_KEY"] = key
         return Launch(command(setup, port, self.options), env, cleanup=lambda: remove_socket_dir(sockets))
 
     def versions(self) -> dict[str, str]:

@@ -7,6 +7,8 @@ import contextlib
 import ctypes
 import os
 import signal
+import time
+from pathlib import Path
 
 from harness.core.paths import PROJECT_ROOT
 
@@ -34,3 +36,52 @@ def worker_env(threads: int, import_paths: list[str] = ()) -> dict[str, str]:
         "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
     })
     return env
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living process below pid (children, their children...), read from /proc; whatever session or process
+    group they moved to (a server is started in a session of its own)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(command)", which may hold spaces
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], list(parents.get(pid, []))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo += parents.get(child, [])
+    return found
+
+
+def stop_descendants(grace_s: float = 5.0) -> None:
+    """SIGTERM every process this one started (and theirs), then SIGKILL what is left after grace_s: what an engine
+    whose load failed had started (an engine core, a server) must not outlive it."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = descendants(os.getpid())
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace_s
+        while alive and time.monotonic() < deadline:
+            _reap_children()
+            alive = [pid for pid in alive if _running(pid)]
+            time.sleep(0.05)
+        if not alive:
+            return
+
+
+def _reap_children() -> None:
+    """Collect exited children of this process, so they do not linger as zombies."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

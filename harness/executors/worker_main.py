@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
-from harness.core.processes import die_with_parent
+from harness.core.processes import die_with_parent, stop_descendants
 from harness.executors.wire import decode, send
 
 
@@ -117,6 +117,7 @@ class Worker:
             return True
         except Exception as exc:  # any load failure is reported, then the worker ends
             traceback.print_exc(file=self.log)
+            stop_descendants()  # whatever the half-made engine started (an engine core, a server) ends first
             send(self.protocol, {"event": "fatal", "error": short_error(exc)})
             return False
 

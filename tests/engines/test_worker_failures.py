@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -86,3 +87,57 @@ def test_killed_harness_takes_its_workers_along(tmp_path: Path) -> None:
     proc.kill()
     proc.communicate(timeout=30)
     wait_for(lambda: not any(group_alive(pid) for pid in pids), timeout=15)
+
+
+BROKEN = """\
+model: {model}
+engines:
+  hf: {{engine: hf, reference: true}}
+  vllm: {{engine: vllm}}
+  vllm-engine-core: {{engine: vllm, options: {{multiprocessing: true}}}}
+  vllm-server: {{engine: vllm-server}}
+  llama.cpp: {{engine: llama.cpp, options: {{gguf: {gguf}}}}}
+  llama.cpp-server: {{engine: llama.cpp-server, options: {{gguf: {gguf}}}}}
+prompts: ["hi"]
+params: {{max_new_tokens: 2, temperature: 0}}
+"""
+
+
+def _processes_naming(text: str) -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in words:
+            found.append(f"{cmdline.parent.name}: {words[:200]}")
+    return found
+
+
+def test_a_failed_load_leaves_no_file_socket_or_process_behind(tmp_path: Path) -> None:
+    """Every engine kind fails its load for real (weights cut in half; a GGUF that is only its magic): each is an
+    engine error, and afterwards no worker, engine core or server process lives, and no /tmp folder of theirs (vLLM's
+    socket folders, named after their process) is left."""
+    from harness import models
+
+    broken = tmp_path / "broken-model"
+    shutil.copytree(models.resolve("tiny-llama", "float32"), broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    gguf = tmp_path / "broken.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    run = parity("run", str(write_scenario(tmp_path / "s.yaml", BROKEN.format(model=broken, gguf=gguf))),
+                 "--allow-missing", out=tmp_path / "reports")
+    assert run.code == 1, run.stderr[-2000:]
+    meta = json.loads((run.run_dir / "run.json").read_text())
+    ran = [name for name, engine in meta["engines"].items() if engine["worker_pids"]]
+    assert {"hf", "vllm", "vllm-engine-core", "vllm-server"} <= set(ran), ran  # llama.cpp where it is installed
+    results = run.results.set_index("engine")
+    assert all(results.loc[name, "status"] == "error" and "could not load" in results.loc[name, "error"]
+               for name in ran), results[["status", "error"]]
+    pids = [pid for name in ran for pid in meta["engines"][name]["worker_pids"]]
+    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()], pids
+    assert not _processes_naming(str(broken)) and not _processes_naming(str(gguf))
+    left = [p.name for p in Path("/tmp").iterdir() if any(f"-{pid}-" in p.name for pid in pids)]
+    assert not left, left

@@ -4,6 +4,8 @@ unless a scenario opts in. No engine runs here."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from harness.rundir.journal import read_journal
 from harness.rundir.store import EngineMeta, RunMeta, write_meta
 from harness.scenario.spec import load
 
-from helpers import parity_in_process, write_scenario
+from helpers import ROOT, parity_in_process, write_scenario
 
 VALID = """\
 model: tiny-llama
@@ -128,3 +130,29 @@ def test_reports_name_a_server_that_listened_beyond_loopback() -> None:
     assert exposed_servers(meta("127.0.0.1:8000")) == [] and exposed_servers(meta("[::1]:8000")) == []
     assert exposed_servers(meta("0.0.0.0:8000"))[0].startswith("served: the server the harness started listened on "
                                                                "0.0.0.0:8000, not on a loopback address")
+
+
+PROBE = """
+import subprocess, sys, time
+from harness.core.processes import descendants, stop_descendants
+ignores = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+           "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
+server = subprocess.Popen([sys.executable, "-c", ignores], start_new_session=True)
+plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+deadline = time.monotonic() + 20
+while len(descendants(os.getpid())) < 3 and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(len(descendants(os.getpid())))
+stop_descendants(grace_s=1.0)
+print(len(descendants(os.getpid())), server.poll() is not None, plain.poll() is not None)
+"""
+
+
+def test_stop_descendants_ends_children_in_other_sessions_and_their_children() -> None:
+    """What a failed load leaves running (a server in a session of its own, with a child of its own; a child that
+    ignores SIGTERM) is ended by the worker before it reports the failure. In a process of its own: this one's
+    children (the suite's fork server) are not the test's to stop."""
+    done = subprocess.run([sys.executable, "-c", "import os" + PROBE], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["3", "0", "True", "True"], done.stdout
