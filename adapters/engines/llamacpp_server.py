@@ -17,7 +17,7 @@ from pydantic import Field, field_validator
 from adapters.contract import Capabilities, EngineDescription, Requirement, SamplingCode
 from adapters.engines import llamacpp_gguf
 from adapters.engines.gguf_tensors import describe
-from adapters.engines.llamacpp import GGML_TYPES, gguf_file
+from adapters.engines.llamacpp import GGML_TYPES, extra_buffers, gguf_file
 from adapters.engines.llamacpp import Options as LibraryOptions
 from adapters.engines.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
 from adapters.http.client import RequestFailed
@@ -47,6 +47,7 @@ class Options(ServedOptions):
     gguf: str = "f32"  # as for the llama.cpp engine: f32, f16, q8_0, q4_k_m, bundled or a path to a .gguf file
     kv_cache: Literal["f32", "f16"] = "f32"
     last_n_tokens: int = Field(64, ge=0)  # the penalties' window (--last_n_tokens_size)
+    extra_buffers: Literal["auto", "on", "off"] = "auto"  # as for the llama.cpp engine (auto: off where AMX is used)
     startup_timeout: float = Field(300, gt=0)
 
     @field_validator("gguf")
@@ -66,10 +67,13 @@ def echo_positions(token_ids: list[int], bos: int | None) -> list[tuple[int, boo
     return [(i, stripped) for i, token in enumerate(rest) if token != bos]
 
 
-def command(setup: EngineSetup, port: int, options: Options, gguf: str, threads: int) -> list[str]:
+def command(setup: EngineSetup, port: int, options: Options, gguf: str, threads: int, buffers: bool) -> list[str]:
+    """The server's command line: llama_cpp.server through adapters.engines.llamacpp_serve, which sets the extra
+    buffers (buffers: on or off) that llama_cpp.server has no setting for."""
     n_ctx = max(512, -(-(setup.max_context or 512) // 256) * 256)
     kv = str(GGML_TYPES[options.kv_cache])
-    return [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", options.bind, "--port", str(port),
+    return [sys.executable, "-m", "adapters.engines.llamacpp_serve", "on" if buffers else "off",
+            "--model", gguf, "--host", options.bind, "--port", str(port),
             "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx),
             "--n_batch", str(n_ctx), "--logits_all", "true", "--type_k", kv, "--type_v", kv,
             "--last_n_tokens_size", str(options.last_n_tokens), *options.extra_args]
@@ -121,20 +125,25 @@ class Engine(ServedEngine):
                       warnings=warnings + resolver.warnings())
 
     def launch(self, setup: EngineSetup, port: int) -> Launch:
+        import llama_cpp  # the server's own build: what it reports decides `auto`
+
         self.gguf = gguf_file(setup, self.options.gguf)
+        self.extra_buffers = extra_buffers(llama_cpp, self.options.extra_buffers)
         threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
         # a shell's settings for llama_cpp.server (PORT, HOST, SEED, an unrelated API_KEY...) must not change the
         # server the scenario describes; the key goes in as API_KEY (never on the command line: ps shows that)
         env = {k: v for k, v in os.environ.items() if k.lower() not in SERVER_SETTINGS}
         if self.options.api_key_env:
             env["API_KEY"] = os.environ[self.options.api_key_env]
-        return Launch(command(setup, port, self.options, self.gguf, threads), env, health_path="/v1/models")
+        return Launch(command(setup, port, self.options, self.gguf, threads, self.extra_buffers), env,
+                      health_path="/v1/models")
 
     def versions(self) -> dict[str, str]:
         info = {**super().versions(), "llama-cpp-python": installed_version("llama-cpp-python")}
         if not self.options.url:
             info["gguf"] = os.path.basename(self.gguf)
             info["tensor_types"] = describe(Path(self.gguf))
+            info["extra_buffers"] = "on" if self.extra_buffers else "off"
         return info
 
 

@@ -247,3 +247,17 @@ def test_a_drift_beyond_its_threshold_fails_the_run_and_the_gate(tiny, tmp_path:
     gate = parity("gate", str(scenario), "--baseline", str(tmp_path / "baselines"), out=tmp_path / "reports")
     assert gate.code == 1 and "REGRESSION tiny-drift chat [q8]: out of expectation:" in gate.stdout
     assert "quantisation drift beyond the scenario's thresholds" in gate.stdout
+
+
+@pytest.mark.parametrize("setting", ["on", "off"])
+def test_the_server_takes_extra_buffers(tmp_path: Path, setting: str) -> None:
+    """llama_cpp.server has no setting for llama.cpp's extra weight buffers; the engine's launcher sets them, as the
+    in-process engine does: llama.cpp's own log shows the repacked buffer type considered only when they are on."""
+    setup = EngineSetup(name="s", model_path=models.resolve("tiny-llama", "float32"), dtype="float32",
+                        options={"gguf": "q4_k_m", "extra_buffers": setting}, workdir=tmp_path, max_context=64)
+    engine = LlamaCppServer(setup)
+    try:
+        assert engine.versions()["extra_buffers"] == setting
+    finally:
+        engine.close()
+    assert ("CPU_REPACK" in (tmp_path / "server.log").read_text()) == (setting == "on")
