@@ -71,6 +71,16 @@ class SamplingCode:
 
 
 @dataclass(frozen=True)
+class OwnBosRule:
+    """The BOS rule an engine's own model file declares, where the engine reads a file of its own rather than the
+    scenario's folder (a user's GGUF): held against the harness's prompt ids, as the folder's own rule is."""
+
+    add_bos: bool | None  # whether prompts start with BOS (None: the file does not say)
+    bos_id: int | None
+    source: str  # where it says so, for the warning
+
+
+@dataclass(frozen=True)
 class Knob:
     """How an engine turns one invariance knob: option overrides of its baseline and of its variant configuration
     (empty: the engine as the scenario configures it; equal overrides: both sides in one configuration), or why it
@@ -119,6 +129,9 @@ class EngineDescription:
     # same kind was closed there: the settings the engine reads once per process (e.g. at import); None: a worker
     # of its own. Unset: never reused. A reused worker pays the process start and the imports once, not per engine.
     worker_reuse: Callable[[Any], tuple | None] | None = None
+    # options -> the BOS rule of the engine's own model file, where the configuration names one (None: it reads the
+    # scenario's folder, whose rule the harness already holds the prompt ids to)
+    own_bos: Callable[[Any], OwnBosRule | None] | None = None
 
     @property
     def factory(self) -> str:
@@ -137,6 +150,9 @@ class EngineDescription:
     def reuse_settings(self, options: dict[str, Any]) -> tuple | None:
         """What a reused worker must share with this configuration; None: it gets a worker of its own."""
         return self.worker_reuse(self.parse_options(options)) if self.worker_reuse else None
+
+    def own_bos_rule(self, options: dict[str, Any]) -> OwnBosRule | None:
+        return self.own_bos(self.parse_options(options)) if self.own_bos else None
 
     def no_beam_search(self, options: dict[str, Any]) -> str | None:
         """Why this engine, configured so, cannot search beams; None when it can."""

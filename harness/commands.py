@@ -79,8 +79,12 @@ def print_outcome(outcome: RunOutcome) -> RunOutcome:
     for name, warnings in outcome.warnings.items():
         for warning in warnings:
             _note("warning", f"{name}: {warning}")
-    for case_id, warnings in case_warnings(outcome.scenario, read_meta(outcome.run_dir).prompt_warnings).items():
+    meta = read_meta(outcome.run_dir)
+    for case_id, warnings in case_warnings(outcome.scenario, meta.prompt_warnings).items():
         _note("prompt", f"{case_id}: {'; '.join(warnings)}")
+    for engine, by_prompt in meta.engine_prompt_warnings.items():
+        for case_id, warnings in case_warnings(outcome.scenario, by_prompt).items():
+            _note("prompt", f"{case_id} [{engine}]: {'; '.join(warnings)}")
     for name, reason in outcome.skipped.items():
         _note("skipped", f"{name}: {reason}")
     for cases, text in outcome.effective_differences:

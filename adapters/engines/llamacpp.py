@@ -12,6 +12,7 @@ with logits for every position; per-layer traces come from llama.cpp's graph eva
 from __future__ import annotations
 
 import os
+import struct
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,12 +22,21 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, field_validator
 
-from adapters.contract import Capabilities, EngineDescription, EngineOptions, Requirement, SamplingCode, greedy_ignored
+from adapters.contract import (
+    Capabilities,
+    EngineDescription,
+    EngineOptions,
+    OwnBosRule,
+    Requirement,
+    SamplingCode,
+    greedy_ignored,
+)
 from adapters.engines import llamacpp_gguf
 from adapters.engines.gguf_tensors import describe
 from harness.core.numeric import log_softmax, top_k_ids
 from harness.core.types import EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
 from harness.core.vocabulary import SamplingParams
+from harness.models.catalog import gguf_metadata
 
 GGML_TYPES = {"f32": 0, "f16": 1}  # ggml_type of the KV cache
 
@@ -60,6 +70,23 @@ def gguf_file(setup: EngineSetup, gguf: str) -> str:
             raise RuntimeError(f"gguf: {gguf} does not exist")
         return gguf
     return str(llamacpp_gguf.ensure(setup.model_path, gguf))
+
+
+def user_gguf_bos(gguf: str) -> OwnBosRule | None:
+    """The BOS rule in a user's GGUF file (the gguf option, a path): its tokenizer.ggml.add_bos_token and
+    bos_token_id. The variants are written from the scenario's folder, whose rule the harness holds the prompts to
+    already. A file that cannot be read says nothing here: loading it fails with the reason."""
+    if not gguf.endswith(".gguf"):
+        return None
+    keys = ("tokenizer.ggml.add_bos_token", "tokenizer.ggml.bos_token_id")
+    try:
+        found = gguf_metadata(Path(gguf), keys)
+    except (OSError, ValueError, struct.error):
+        return None
+    add, bos = found.get(keys[0]), found.get(keys[1])
+    said = "unset" if add is None else str(bool(add)).lower()
+    return OwnBosRule(add_bos=None if add is None else bool(add), bos_id=bos if isinstance(bos, int) else None,
+                      source=f"{keys[0]} {said} in {os.path.basename(gguf)}")
 
 
 def translate(params: SamplingParams, last_n_tokens: int = 64) -> Translation:
@@ -236,4 +263,5 @@ DESCRIPTION = EngineDescription(
     capabilities=Capabilities(traces=True, dtypes=("float32",)),
     sampling=lambda options: SamplingCode("adapters.sampling.llamacpp", {
         "mode": "library", "last_n_tokens": options.last_n_tokens, "gguf": options.gguf}),
-    prepare=llamacpp_gguf.prepare, weights=lambda model_path, options: llamacpp_gguf.weights(model_path, options.gguf))
+    prepare=llamacpp_gguf.prepare, weights=lambda model_path, options: llamacpp_gguf.weights(model_path, options.gguf),
+    own_bos=lambda options: user_gguf_bos(options.gguf))

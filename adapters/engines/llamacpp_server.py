@@ -17,7 +17,7 @@ from pydantic import Field, field_validator
 from adapters.contract import Capabilities, EngineDescription, Requirement, SamplingCode
 from adapters.engines import llamacpp_gguf
 from adapters.engines.gguf_tensors import describe
-from adapters.engines.llamacpp import GGML_TYPES, extra_buffers, gguf_file
+from adapters.engines.llamacpp import GGML_TYPES, extra_buffers, gguf_file, user_gguf_bos
 from adapters.engines.llamacpp import Options as LibraryOptions
 from adapters.engines.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
 from adapters.http.client import RequestFailed
@@ -156,4 +156,5 @@ DESCRIPTION = EngineDescription(
         "mode": "server", "defaults": options.defaults, "last_n_tokens": options.last_n_tokens,
         "gguf": None if options.url else options.gguf}),
     dialect=lambda options: DIALECT,
-    weights=lambda model_path, options: None if options.url else llamacpp_gguf.weights(model_path, options.gguf))
+    weights=lambda model_path, options: None if options.url else llamacpp_gguf.weights(model_path, options.gguf),
+    own_bos=lambda options: None if options.url else user_gguf_bos(options.gguf))

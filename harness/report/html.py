@@ -87,10 +87,12 @@ def build(run_dir: Path, stem: str = "report") -> tuple[str, dict[str, str]]:
             f"{esc(meta.status)}, exit code {esc(meta.exit_code)}, reference engine <b>{esc(reference)}</b>, "
             f"model <code>{esc(meta.model)}</code>, wall {meta.wall_s:.1f} s</p>"]
     body += [f"<p class='exposed no'>{esc(note)}</p>" for note in exposed_servers(meta)]
-    if meta.prompt_warnings:
+    own = [(f"{engine}, prompt", pid, ws) for engine, prompts in meta.engine_prompt_warnings.items()
+           for pid, ws in prompts.items()]
+    if meta.prompt_warnings or own:
         body.append("<h2>Prompt identity</h2><ul id='prompt-identity'>" + "".join(
-            f"<li class='no'>prompt <b>{esc(pid)}</b>: {esc('; '.join(ws))}</li>"
-            for pid, ws in meta.prompt_warnings.items()) + "</ul>")
+            f"<li class='no'>{esc(what)} <b>{esc(pid)}</b>: {esc('; '.join(ws))}</li>"
+            for what, pid, ws in [("prompt", p, w) for p, w in meta.prompt_warnings.items()] + own) + "</ul>")
     for family in families():
         rows = read_parquet(run_dir, family.table, family.columns, required=False)
         if rows is not None and not rows.empty:

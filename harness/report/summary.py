@@ -61,6 +61,10 @@ def write_summary(path: Path, meta: RunMeta, tables: dict[str, pd.DataFrame]) ->
     if meta.prompt_warnings:
         lines += ["", "## Prompt identity (ids that are not what the model expects)", ""]
         lines += [f"- prompt {pid}: {'; '.join(ws)}" for pid, ws in meta.prompt_warnings.items()]
+    if meta.engine_prompt_warnings:
+        lines += ["", "## Prompt identity for an engine's own model file", ""]
+        lines += [f"- {engine}, prompt {pid}: {'; '.join(ws)}"
+                  for engine, prompts in meta.engine_prompt_warnings.items() for pid, ws in prompts.items()]
     warned = {name: ws for name, ws in meta.warnings.items() if ws}
     if warned:
         lines += ["", "## Engine warnings (params whose meaning differs or that were not applied)", ""]

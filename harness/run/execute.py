@@ -23,7 +23,7 @@ from harness.plan.plans import plan_resources, select_engines, unavailable_engin
 from harness.plan.requests import all_plans, still_to_run
 from harness.run.outcome import PendingRun
 from harness.rundir.store import RunMeta, RunSelection, new_run_dir, run_lock, write_meta
-from harness.scenario.prompt_identity import check_prompts
+from harness.scenario.prompt_identity import check_engine_prompts, check_prompts
 from harness.scenario.prompts import PromptTokenizer, load_tokenizer, tokenize_prompts
 from harness.scenario.spec import LoadedScenario
 from harness.semantics import effective
@@ -58,14 +58,24 @@ def runnable(scenario: LoadedScenario, selection: Selection,
     return scenario.with_engines([n for n in names if n not in skipped]), skipped
 
 
-def tokenized(scenario: LoadedScenario) -> tuple[PromptTokenizer, dict[str, list[int]], dict[str, list[str]]]:
+@dataclass(frozen=True)
+class Tokenized:
     """The reference's tokenizer, every case's prompt token ids (the same ids go to every engine) and what is off
-    about any prompt's ids (harness.scenario.prompt_identity)."""
+    about any prompt's ids (harness.scenario.prompt_identity): for every engine, and for an engine's own model file."""
+
+    tokenizer: PromptTokenizer
+    prompt_ids: dict[str, list[int]]
+    warnings: dict[str, list[str]]
+    engine_warnings: dict[str, dict[str, list[str]]]
+
+
+def tokenized(scenario: LoadedScenario) -> Tokenized:
     spec = scenario.spec
     tokenizer = load_tokenizer(models.resolve(spec.model, spec.engine_dtype(spec.reference), str(scenario.path)))
     prompts = list({c.prompt.id: c.prompt for c in scenario.cases}.values())
     ids = tokenize_prompts(tokenizer, prompts, str(scenario.path))
-    return tokenizer, ids, check_prompts(tokenizer, prompts, ids)
+    return Tokenized(tokenizer, ids, check_prompts(tokenizer, prompts, ids), check_engine_prompts(scenario, prompts,
+                                                                                                  ids))
 
 
 def execute(scenario: LoadedScenario, out_root: Path, selection: Selection, parallel: int | None,
@@ -83,22 +93,22 @@ def execute_all(scenarios: list[LoadedScenario], out_root: Path, selection: Sele
     for scenario in scenarios:
         scenario, skipped = runnable(scenario, selection)
         choice.current().check({name: plan_resources(scenario, name) for name in scenario.spec.engines})
-        ready.append((scenario, skipped, *tokenized(scenario)))
+        ready.append((scenario, skipped, tokenized(scenario)))
     with ExitStack() as locks:
         pending = []
-        for scenario, skipped, tokenizer, prompt_ids, prompt_warnings in ready:
+        for scenario, skipped, prompts in ready:
             run_dir = new_run_dir(out_root, scenario.name)
             meta = RunMeta(run_id=run_dir.name, scenario=str(scenario.path.resolve()), scenario_name=scenario.name,
                            scenario_text=scenario.path.read_text(), model=scenario.spec.model,
                            reference=scenario.spec.reference, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                           machine=machine_info(), prompt_ids=prompt_ids, prompt_warnings=prompt_warnings,
-                           skipped=skipped,
+                           machine=machine_info(), prompt_ids=prompts.prompt_ids, prompt_warnings=prompts.warnings,
+                           engine_prompt_warnings=prompts.engine_warnings, skipped=skipped,
                            selection=RunSelection(engines=list(scenario.spec.engines), cases=selection.cases,
                                                   allow_missing=selection.allow_missing))
             locks.enter_context(run_lock(run_dir))
             write_meta(run_dir, meta)
             on_start(scenario, run_dir)
-            pending.append(pending_run(scenario, run_dir, meta, tokenizer, {}, prepare_started))
+            pending.append(pending_run(scenario, run_dir, meta, prompts.tokenizer, {}, prepare_started))
         return run_pending(pending, parallel, progress)
 
 

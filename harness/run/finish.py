@@ -69,7 +69,8 @@ def finish(run: PendingRun, outcomes: dict[str, EngineOutcome], interrupted: boo
         write_parquet(run_dir / layout.BEAMS, beams_frame(ordered))
     judging = Judging(scenario=scenario, run_dir=run_dir, results=results, compared=compared,
                       decode=lambda t: run.tokenizer.decode([t]), checks=run.checks,
-                      prompt_warnings=run.meta.prompt_warnings, interrupted=interrupted,
+                      prompt_warnings=run.meta.prompt_warnings,
+                      engine_prompt_warnings=run.meta.engine_prompt_warnings, interrupted=interrupted,
                       versions={name: o.versions for name, o in outcomes.items()},
                       drift_traces={} if interrupted else drift_passes.run_passes(scenario, run_dir, results,
                                                                                    parallel, progress))

@@ -41,7 +41,8 @@ def resume(run_dir: Path, parallel: int | None, progress: Progress,
                               f"load ({exc.message}): run the scenario again") from None
         selection = Selection(engines=meta.selection.engines, cases=meta.selection.cases)
         scenario, _ = runnable(scenario, selection)
-        tokenizer, prompt_ids, _ = tokenized(scenario)  # the warnings: those the run started with, in its meta
+        prompts = tokenized(scenario)  # the warnings: those the run started with, in its meta
+        tokenizer, prompt_ids = prompts.tokenizer, prompts.prompt_ids
         if prompt_ids != meta.prompt_ids:
             raise ConfigError(f"{run_dir}: the prompts no longer tokenise to the ids the run started with (a prompt "
                               "file or the model's tokenizer changed): run the scenario again")

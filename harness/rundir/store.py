@@ -77,6 +77,8 @@ class RunMeta(BaseModel):
     machine: dict[str, Any] = Field(default_factory=dict)
     prompt_ids: dict[str, list[int]] = Field(default_factory=dict)
     prompt_warnings: dict[str, list[str]] = Field(default_factory=dict)  # prompt id -> what is off about its ids
+    # engine -> prompt id -> what is off about its ids for that engine's own model file (a user's GGUF)
+    engine_prompt_warnings: dict[str, dict[str, list[str]]] = Field(default_factory=dict)
     status: str = "running"  # running | finished | interrupted
     skipped: dict[str, str] = Field(default_factory=dict)  # engine -> why it could not run here (--allow-missing)
     wall_s: float = 0.0

@@ -42,6 +42,7 @@ class Judging:
     decode: Callable[[int], str]  # a token id in the reference's tokenizer
     checks: list[Check]  # the invariance checks the run planned
     prompt_warnings: dict[str, list[str]]  # prompt id -> what is off about its ids
+    engine_prompt_warnings: dict[str, dict[str, list[str]]]  # engine -> prompt id -> the same, for its own file
     interrupted: bool
     # teacher-forced logits passes run for the drift verdicts: (engine, the baseline whose text it read, case)
     drift_traces: dict[tuple[str, str, str], TraceResult] = field(default_factory=dict)

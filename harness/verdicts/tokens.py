@@ -39,7 +39,8 @@ class TokenVerdicts(VerdictFamily):
             return Judged(pd.DataFrame())
         rule = judge_samples if judging.scenario.spec.sampling else judge
         verdicts = judge_all(rule, judging.scenario, judging.compared, judging.decode)
-        return Judged(mark_verdicts(verdicts, judging.scenario, judging.prompt_warnings))
+        return Judged(mark_verdicts(verdicts, judging.scenario, judging.prompt_warnings,
+                                    judging.engine_prompt_warnings))
 
     def summary_lines(self, rows: pd.DataFrame) -> list[str]:
         return markdown.table(HEADERS, verdict_rows(rows))

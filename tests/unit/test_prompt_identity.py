@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
 from harness.compare.prompt_verdicts import mark_verdicts
-from harness.scenario.prompt_identity import check_prompts, prompt_warnings
+from harness.scenario.prompt_identity import check_engine_prompts, check_prompts, prompt_warnings
 from harness.scenario.prompts import load_tokenizer
 from harness.scenario.spec import PromptSpec, load
 
@@ -91,3 +91,50 @@ def test_a_warned_case_is_noted_everywhere_and_fails_only_under_strict(tmp_path)
     assert marked.loc[("strict", "p0"), "explanation"].endswith("(expect prompt: strict)")
     assert marked.loc[("strict", "p1"), "expected"] and marked.loc[("strict", "p1"), "explanation"] == \
         "identical 2 tokens"
+
+
+def gguf_with_bos_rule(path: Path, add_bos: bool, bos_id: int) -> Path:
+    """A GGUF file holding only the tokenizer's BOS metadata (what the check reads), written by the gguf package."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_bool("tokenizer.ggml.add_bos_token", add_bos)
+    writer.add_uint32("tokenizer.ggml.bos_token_id", bos_id)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return path
+
+
+USER_GGUF = """\
+model: {model}
+engines:
+  ref: {{engine: hf, reference: true}}
+  mine: {{engine: llama.cpp, options: {{gguf: {gguf}}}}}
+prompts: ["the cat"]
+"""
+
+
+@pytest.mark.parametrize("add_bos, tokenizer_adds, words", [
+    (True, False, "missing BOS for its own model file: tokenizer.ggml.add_bos_token true in user.gguf asks for id 0 "
+                  "first, these ids start with 3"),
+    (False, True, "a BOS its own model file does not ask for (tokenizer.ggml.add_bos_token false in user.gguf): "
+                  "these ids start with id 0"),
+    (True, True, None),
+])
+def test_a_users_gguf_is_held_to_its_own_bos_rule(tmp_path: Path, add_bos: bool, tokenizer_adds: bool,
+                                                  words: str | None) -> None:
+    """The harness's prompt ids (from the reference's tokenizer) against the BOS rule in the GGUF a llama.cpp engine
+    was given: flagged for that engine's verdict rows only."""
+    model = folder(tmp_path, None, tokenizer_adds)
+    (model / "config.json").write_text("{}")
+    user = gguf_with_bos_rule(tmp_path / "user.gguf", add_bos, 0)
+    scenario = load(tmp_path / "s.yaml", text=USER_GGUF.format(model=model, gguf=user))
+    prompts = [c.prompt for c in scenario.cases]
+    ids = {"p0": load_tokenizer(model).encode("the cat")}
+    found = check_engine_prompts(scenario, prompts, ids)
+    assert found == ({"mine": {"p0": [words]}} if words else {})
+    verdicts = pd.DataFrame({"case_id": ["p0"], "engine": ["mine"], "verdict": "match", "expected": True,
+                             "explanation": "identical 2 tokens"})
+    marked = mark_verdicts(verdicts, scenario, {}, found)
+    assert marked.explanation.iloc[0] == "identical 2 tokens" + (f"; prompt: {words}" if words else "")

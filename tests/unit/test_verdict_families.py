@@ -92,7 +92,7 @@ def test_a_family_in_one_module_is_judged_written_and_rendered_everywhere(tmp_pa
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     judging = Judging(scenario=scenario, run_dir=run_dir, results=by_key, compared=by_key, decode=str, checks=[],
-                      prompt_warnings={}, interrupted=False)
+                      prompt_warnings={}, engine_prompt_warnings={}, interrupted=False)
     tables = judge_families(judging)
     assert list(tables) == ["tokens", "length"]  # the built-in token verdicts, then the registered family
     written = pd.read_parquet(run_dir / "length.parquet")
