@@ -19,7 +19,7 @@ quickstart: env
 ## Test suite: the fast tier, then real engines, servers, model and browser (see README for its duration).
 test: env
 	scripts/ensure_chromium.sh
-	parity models prepare
+	parity models prepare --engine-files
 	ruff check .
 	python -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 

@@ -114,9 +114,10 @@ class EngineDescription:
     sampling: Callable[[Any], SamplingCode | None] | None = None  # options -> its sampling code, if it has any
     dialect: Callable[[Any], str | None] | None = None  # options -> the server dialect it speaks (server engines)
     knobs: Callable[[str, Any], Knob] | None = None  # (knob, options) -> how it turns an invariance knob
-    # model folder -> what the engine built from it once (its own weight files), for `parity models prepare`; run
-    # where the engine's package is installed, returns one line saying what was built or why nothing was
-    prepare: Callable[[Path], str] | None = None
+    # (model folder, build) -> the engine's own weight files made from it once, for `parity models prepare`: built
+    # now when build is true, else left for first use; run where the engine's package is installed, returns one line
+    # saying what is there or will be, or why nothing
+    prepare: Callable[[Path, bool], str] | None = None
     # cases sent to its worker in one call unless the scenario pins batch_size; None: every case at once (an engine
     # with its own scheduler, which admits what its memory allows; a server client, which keeps its requests in flight)
     batch_size: int | None = 8

@@ -386,8 +386,13 @@ def env_list() -> None:
 @cli_errors
 def models_prepare(names: Annotated[list[str] | None, typer.Argument(
                        help="models to prepare (default: all but the on-demand ones)")] = None,
-                   force: Annotated[bool, typer.Option(help="rebuild even if already prepared")] = False) -> None:
-    """Convert the bundled models once into the cache (LLM_PARITY_CACHE, default ~/.cache/llm-parity)."""
+                   force: Annotated[bool, typer.Option(help="rebuild even if already prepared")] = False,
+                   engine_files: Annotated[bool, typer.Option(
+                       help="also build the engines' own files (llama.cpp's GGUF variants) of every model prepared "
+                            "now, rather than on first use (the default for models named here)")] = False) -> None:
+    """Convert the bundled models once into the cache (LLM_PARITY_CACHE, default ~/.cache/llm-parity). An engine's
+    own files of a model (llama.cpp's GGUF variants) are built on their first use, unless the model is named here or
+    --engine-files is given."""
     from harness import models
     from harness.commands import prepare_engine_files
 
@@ -399,7 +404,7 @@ def models_prepare(names: Annotated[list[str] | None, typer.Argument(
         with console.status(f"preparing {name}"):
             path = models.prepare(name, force=force)
         console.print(f"{name}: {'already prepared' if already else 'prepared'} at {path}", highlight=False)
-        for engine, line in prepare_engine_files(name):
+        for engine, line in prepare_engine_files(name, build=engine_files or bool(names)):
             console.print(f"  {engine}: {line}", highlight=False, markup=False)
     for name, model in models.MODELS.items():
         if not names and model.on_demand and not model.prepared():
@@ -410,9 +415,12 @@ def models_prepare(names: Annotated[list[str] | None, typer.Argument(
 @models_app.command("list")
 @cli_errors
 def models_list() -> None:
-    """Named models and whether they are prepared."""
+    """Named models, whether they are prepared, and the engines' own files of those that are (built or not)."""
     from harness import models
+    from harness.commands import prepare_engine_files
 
     for name, model in models.MODELS.items():
         state = f"prepared at {model.folder('float32').parent}" if model.prepared() else "not prepared"
         console.print(f"{name}: {model.description}; {state}", highlight=False)
+        for engine, line in prepare_engine_files(name, build=False) if model.prepared() else []:
+            console.print(f"  {engine}: {line}", highlight=False, markup=False)

@@ -319,9 +319,10 @@ def engines_and_print() -> None:
         _note("plug-in not used", problem)
 
 
-def prepare_engine_files(name: str) -> list[tuple[str, str]]:
+def prepare_engine_files(name: str, build: bool) -> list[tuple[str, str]]:
     """The engines' own files for a named model (an engine description's `prepare`, e.g. llama.cpp's GGUF variants),
-    built once from its float32 folder by every engine installed here: (engine, what it built or why not)."""
+    built once from its float32 folder by every engine installed here (build), or left for their first use: (engine,
+    what is there or will be, or why not)."""
     from adapters import registry
     from harness import models
 
@@ -331,5 +332,5 @@ def prepare_engine_files(name: str) -> list[tuple[str, str]]:
             continue
         missing = registry.check_available(engine, device=False)
         out.append((engine, f"not built ({missing})" if missing else
-                    description.prepare(models.MODELS[name].folder("float32"))))
+                    description.prepare(models.MODELS[name].folder("float32"), build)))
     return out

@@ -248,12 +248,20 @@ def weights(model_path: Path, gguf: str) -> str:
     return f"{path.name}: {describe(path)}"
 
 
-def prepare(model_path: Path) -> str:
-    """Every variant of a model folder (for `parity models prepare`): one line naming what is there."""
+def prepare(model_path: Path, build: bool) -> str:
+    """Every variant of a model folder (for `parity models prepare`), built now (build) or left for first use: one
+    line naming what is there or will be."""
     config = json.loads((Path(model_path) / "config.json").read_text())
     if config.get("model_type") not in WRITERS:
         return f"no GGUF variants: model type '{config.get('model_type')}' has no GGUF writer here"
-    built = [ensure(model_path, variant) for variant in (*FULL_PRECISION, *QUANTISED)]
+    variants = (*FULL_PRECISION, *QUANTISED)
+    if not build:
+        there = [v for v in variants if variant_path(model_path, v).exists()]
+        missing = [v for v in variants if v not in there]
+        return (f"GGUF variants {', '.join(there)} in {cache_dir(model_path)}" if there else "GGUF variants") + \
+            (f"{'; ' if there else ' '}{', '.join(missing)} built on first use (or now: `parity models prepare "
+             "--engine-files`)" if missing else "")
+    built = [ensure(model_path, variant) for variant in variants]
     return f"GGUF variants {', '.join(p.stem for p in built)} in {built[0].parent}"
 
 

@@ -26,3 +26,19 @@ def test_models_prepare_on_an_empty_cache_prints_only_its_own_lines(tmp_path: Pa
     names = sorted(path.name for path in suite.iterdir())
     assert names == sorted(path.name for path in built.iterdir())
     assert filecmp.cmpfiles(built, suite, names, shallow=False)[0] == names
+
+
+def test_a_bare_prepare_leaves_the_gguf_variants_for_first_use(tmp_path: Path) -> None:
+    """`make quickstart` runs a bare `parity models prepare`: it builds no GGUF variant (llama.cpp builds the one it
+    runs on first use) and says so. The models' folders are the suite's, linked, so nothing is converted here."""
+    cache = tmp_path / "cache" / "models"
+    for name, model in MODELS.items():
+        if not model.on_demand:
+            for dtype in ("float32", "bfloat16"):
+                (cache / name).mkdir(parents=True, exist_ok=True)
+                (cache / name / dtype).symlink_to(model.folder(dtype))
+    run = parity("models", "prepare", env={"LLM_PARITY_CACHE": str(tmp_path / "cache")})
+    assert run.code == 0, run.stderr[-2000:]
+    assert "  llama.cpp: GGUF variants f32, f16, q8_0, q4_k_m built on first use (or now: `parity models prepare " \
+           "--engine-files`)" in run.stdout.splitlines()
+    assert not list(cache.rglob("*.gguf")), list(cache.rglob("*.gguf"))
