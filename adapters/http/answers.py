@@ -8,6 +8,7 @@ from typing import Any
 
 from adapters.http.client import Completion
 from adapters.http.token_ids import TokenResolver, TokenTable
+from harness.core.prompt_notes import CHAT_TEMPLATE, TOKENIZER, prompt_ids_unknown
 from harness.core.types import Request, Result, Translation
 
 
@@ -46,9 +47,7 @@ def to_result(name: str, request: Request, translation: Translation, body: dict[
     else:
         prompt_ids = request.prompt_ids
         if "input_ids" not in body and ("prompt" not in body or isinstance(body["prompt"], str)):
-            how = "its own chat template and BOS rule" if "messages" in body else "its own tokenizer and BOS rule"
-            warnings.append(f"the server does not return prompt token ids: assumed equal to the harness's, though "
-                            f"{how} made them")
+            warnings.append(prompt_ids_unknown(CHAT_TEMPLATE if "messages" in body else TOKENIZER))
     return Result(case_id=request.case_id, engine=name, status="ok", prompt_ids=list(prompt_ids),
                   token_ids=known, text=completion.text, finish_reason=completion.finish_reason,
                   chosen_logprobs=[s.logprob for s in steps], top_ids=top_ids, top_logprobs=top_logprobs,

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from harness.compare.diff import apply_ties, compare, error_rows, noise_margin
 from harness.compare.own_top1 import OffTop1, off_top1
+from harness.core.prompt_notes import made_by
 from harness.core.types import Effective, Result
 from harness.core.vocabulary import NEUTRAL, PENALTIES, SamplingParams
 from harness.scenario.spec import LoadedScenario
@@ -127,9 +128,6 @@ def _token(decode: Decode, token: int) -> str:
     return "(end)" if token < 0 else repr(decode(int(token)))
 
 
-PROMPT_IDS_UNKNOWN = "the server does not return prompt token ids"  # adapters.http.answers' warning
-
-
 def _explain(row, ref: Result, other: Result, ref_params, other_params, decode: Decode, tie_margin: float,
              off: dict[tuple[str, str], list[OffTop1]]) -> str:
     if row.verdict == "engine_error":
@@ -145,23 +143,29 @@ def _explain(row, ref: Result, other: Result, ref_params, other_params, decode: 
                 f"{row.ref_top2_margin:.3g} <= tie margin {tie_margin:.3g} nats; each side's token is in the other's "
                 "top-k")
     else:
-        text = (f"diverged at step {row.first_divergence}: reference chose {_token(decode, row.ref_token)} "
+        head = (f"diverged at step {row.first_divergence}: reference chose {_token(decode, row.ref_token)} "
                 f"(top-2 margin {row.ref_top2_margin:.3g}), {other.engine} chose {_token(decode, row.engine_token)} "
                 f"({'in' if row.engine_token_in_ref_topk else 'not in'} the reference's top-k)")
         given = param_differences(ref_params, other_params)
-        cause = explain_differences(given)
-        if cause:
-            text += f"; {cause}"
-        engine_side = effective_note(ref, other, set(given))
-        if engine_side:
-            text += f"; {engine_side}"
         picked = _picked_after_logits(row.first_divergence, [ref, other], off, decode)
-        if picked:
-            text += f"; {picked}"
-        if row.first_divergence == 0 and any(w.startswith(PROMPT_IDS_UNKNOWN) for w in other.warnings):
-            text += (f"; at the first step, on a prompt {other.engine} tokenised itself without returning the ids: "
-                     "most likely a prompt difference (its own chat template or BOS rule), not numerics")
+        causes = [c for c in (explain_differences(given), effective_note(ref, other, set(given)), picked) if c]
+        text = "; ".join([head, *_with_prompt_reading(row.first_divergence, other, causes, bool(picked))])
     return "; ".join([text] + notes)
+
+
+def _with_prompt_reading(step: int, other: Result, causes: list[str], after_logits: bool) -> list[str]:
+    """The causes of a divergence, led by the prompt where it is the likely one: at the first step, on a prompt the
+    engine tokenised itself without returning the ids, unless the token was chosen after the logits (then the
+    prompt comes last, as a possibility). Names only what made the ids (a chat template only for chat messages)."""
+    maker = made_by(other.warnings) if step == 0 else None
+    if maker is None:
+        return causes
+    if after_logits:
+        return [*causes, f"the prompt may differ too: {other.engine} tokenised it itself ({maker}) without returning "
+                         "the ids"]
+    reading = (f"most likely a prompt difference, not numerics: {other.engine} tokenised this prompt itself "
+               f"({maker}) without returning the ids, and the engines part at its first step")
+    return [reading, *(f"also: {c}" for c in causes)]
 
 
 def prompt_difference(ref: Result, other: Result, decode: Decode) -> str:

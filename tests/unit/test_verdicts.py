@@ -11,6 +11,7 @@ import pytest
 from harness.compare.ending import as_compared, ended_by
 from harness.compare.own_top1 import off_top1, top_probability
 from harness.compare.token_rules import COLUMNS, Verdict, judge
+from harness.core.prompt_notes import CHAT_TEMPLATE, TOKENIZER, prompt_ids_unknown
 from harness.core.types import Result
 from harness.core.vocabulary import SamplingParams
 from harness.scenario.spec import load
@@ -135,3 +136,23 @@ def test_expectations(tmp_path: Path, expect: str, ok: bool) -> None:
     other = result("other", [5, 7, EOS], [-0.1, -2.0, -0.2], [[5, 9], [7, 6], [EOS, 7]], [[-0.1, -3], [-2.0, -2.1],
                                                                                           [-0.2, -3]])
     assert verdict(tmp_path, REF, other, expect=expect).expected is ok
+
+
+@pytest.mark.parametrize("made_by, named, unnamed", [
+    (TOKENIZER, "its own tokenizer and BOS rule", "chat template"),
+    (CHAT_TEMPLATE, "its own chat template and BOS rule", "tokenizer"),
+])
+def test_a_first_step_divergence_on_a_self_tokenised_prompt_leads_with_the_prompt(
+        tmp_path: Path, made_by: str, named: str, unnamed: str) -> None:
+    """A server that tokenised the prompt itself and returned no ids parts from the reference at step 0: the prompt
+    is the likely cause and is said first, naming only what made the ids; the param differences follow as `also`."""
+    server = result("other", [9, 6, EOS], [-0.2, -0.5, -0.2], [[9, 5], [6, 8], [EOS, 7]],
+                    [[-0.2, -2.0], [-0.5, -1.5], [-0.2, -3]], finish="stop")
+    server = server.model_copy(update={"warnings": [prompt_ids_unknown(made_by)]})
+    found = verdict(tmp_path, REF, server, params="{repetition_penalty: 1.1}")
+    assert found.verdict == "diverged" and found.first_divergence == 0
+    reading = found.explanation.split("; ", 1)[1]
+    assert reading.startswith(f"most likely a prompt difference, not numerics: other tokenised this prompt itself "
+                              f"({named}) without returning the ids"), found.explanation
+    assert "; also: the engines were given different sampling params (repetition_penalty" in found.explanation
+    assert unnamed not in found.explanation
