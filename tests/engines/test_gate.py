@@ -62,6 +62,9 @@ def test_gate_fails_when_an_engine_changes_dtype(saved, tmp_path: Path) -> None:
 
 def test_gate_without_baseline_is_a_config_error(tmp_path: Path) -> None:
     scenario = write_scenario(tmp_path / "gated.yaml", GATED)
-    run = parity("gate", str(scenario), "--baseline", str(tmp_path / "none"), out=tmp_path / "reports")
+    (tmp_path / "empty").mkdir()
+    run = parity("gate", str(scenario), "--baseline", str(tmp_path / "empty"), out=tmp_path / "reports")
     assert run.code == 2 and "no baseline for scenario 'gated'" in run.stderr
     assert not (tmp_path / "reports").exists()
+    run = parity("gate", str(scenario), "--baseline", str(tmp_path / "none"), out=tmp_path / "reports")
+    assert run.code == 2 and f"--baseline {tmp_path / 'none'}: does not exist" in run.stderr
