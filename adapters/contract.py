@@ -200,6 +200,13 @@ class Engine(Protocol):
         """One Result per request, in any order, each as soon as it is ready. A case that fails is a Result with
         status "error"; an exception fails the batch's cases not yet yielded, and the worker stays up."""
 
+    def reuse(self, setup: EngineSetup) -> bool:
+        """Serve another plan of the same configuration with the model as loaded: the harness guarantees the same
+        model, dtype and options; the plan's name, workdir, trace flag and max_context may differ (the run's engine
+        tracing its cases for explain, a drift pass, a scoring pass). Take them and return True, or return False
+        when the loaded engine cannot serve them (tracing needs another load mode, a longer context): the worker
+        then closes it and constructs the engine anew. An engine without this method is always loaded anew."""
+
     def close(self) -> None:
         """Free the model and stop whatever the engine started. Called however the worker ends (op close, end of
         input, SIGTERM, the harness gone), but not when __init__ raised: stop what it started before raising."""

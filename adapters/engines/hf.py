@@ -118,7 +118,7 @@ class Engine:
             setup.model_path, dtype=getattr(torch, setup.dtype), attn_implementation=self.options.attn_implementation)
         self.model.eval()
         apply_patch(self.options.patch, self.model)
-        self.capture = self._capture() if setup.trace else None
+        self.capture: Capture | None = None  # hooks attached on the first trace: idle outside a traced pass
         self.eos_ids = set(self._as_list(self.model.generation_config.eos_token_id))
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
 
@@ -254,11 +254,17 @@ class Engine:
         derive = HfRope(self.model, arch, widths["head_dim"], config.num_hidden_layers).derive if arch.rope else None
         return Capture(self.model, arch, widths, config.num_hidden_layers, derive)
 
+    def reuse(self, setup: EngineSetup) -> bool:
+        """Another plan of this configuration (its traces after its run) on the model as loaded: a traced pass
+        needs nothing of the load but the hooks, attached on the first trace."""
+        self.name, self.workdir = setup.name, setup.workdir
+        return True
+
     def trace(self, requests: list[TraceRequest]) -> Iterator[TraceResult]:
         torch = self.torch
+        if self.capture is None:
+            self.capture = self._capture()
         capture = self.capture
-        if capture is None:
-            raise RuntimeError("trace: the engine was not loaded to trace (setup.trace)")
 
         cap_name = capture.arch.logits_softcap
         cap = getattr(self.model.config, cap_name, None) if cap_name else None

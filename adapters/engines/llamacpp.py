@@ -172,12 +172,15 @@ class Engine:
                 last_n_tokens_size=self.options.last_n_tokens, verbose=False)
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self.workdir = setup.workdir
-        self.tracer = None
-        if setup.trace:  # a second context with the same params (one batch holds a whole sequence) and cb_eval
-            from adapters.tracing.ggml_graph import GraphTracer
+        self.tracer: Any = None  # made on the first trace
 
-            params = type(self.llm.context_params).from_buffer_copy(self.llm.context_params)
-            self.tracer = GraphTracer(llama_cpp, self.llm.model, params)
+    def reuse(self, setup: EngineSetup) -> bool:
+        """Another plan of this configuration on the model as loaded (its traces after its run), if its sequences
+        fit the context."""
+        if max(512, -(-(setup.max_context or 512) // 256) * 256) > self.n_ctx:
+            return False
+        self.name, self.workdir = setup.name, setup.workdir
+        return True
 
     def versions(self) -> dict[str, str]:
         from adapters.engines.served import installed_version
@@ -243,8 +246,11 @@ class Engine:
         the evaluation callback."""
         from adapters.tracing.ggml_graph import run_graph_traces
 
-        if self.tracer is None:
-            raise RuntimeError("trace: the engine was not loaded to trace (setup.trace)")
+        if self.tracer is None:  # a second context with the same params (one batch holds a whole sequence), cb_eval
+            from adapters.tracing.ggml_graph import GraphTracer
+
+            params = type(self.llm.context_params).from_buffer_copy(self.llm.context_params)
+            self.tracer = GraphTracer(self.llama_cpp, self.llm.model, params)
         yield from run_graph_traces(self.name, self.tracer, requests, self.workdir,
                                     {"engine": DESCRIPTION.name, "dtype": "float32", "weights": self._file_type()})
 

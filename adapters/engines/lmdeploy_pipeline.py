@@ -99,6 +99,10 @@ class Engine:
                 continue
             yield to_result(self.name, request, translation, response, time.perf_counter() - started)
 
+    def reuse(self, setup: EngineSetup) -> bool:
+        self.name = setup.name
+        return True
+
     def close(self) -> None:
         if getattr(self, "pipe", None) is not None:
             self.pipe.close()

@@ -245,6 +245,12 @@ class Engine:
         return to_result(self.name, request, translation, body, completion, self.token_table, self.client.url,
                          self.empty_token_id)
 
+    def reuse(self, setup: EngineSetup) -> bool:
+        """Another plan of this configuration (a scoring pass after the run) through the same connection, and for a
+        server the harness started, the same running server."""
+        self.name = setup.name
+        return True
+
     def close(self) -> None:
         if getattr(self, "client", None) is not None:  # not connected when the server did not start
             self.client.close()

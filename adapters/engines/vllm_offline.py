@@ -155,8 +155,10 @@ class Engine:
         # again: LLM() medians of 3, 6.9 s to 5.4 s. A reused worker's previous engine is collected before freezing.
         gc.collect()
         gc.freeze()
+        self.max_model_len = self.options.max_model_len or context_length(setup.max_context)
+        self.prefix_caching = self.options.prefix_caching is not False and not trace
         self.llm = LLM(model=str(setup.model_path), dtype=setup.dtype, enforce_eager=self.options.enforce_eager,
-                       max_model_len=self.options.max_model_len or context_length(setup.max_context), seed=0,
+                       max_model_len=self.max_model_len, seed=0,
                        max_logprobs=20,
                        kv_cache_memory_bytes=int(self.options.kv_cache_gib * 2**30),
                        enable_prefix_caching=False if trace else self.options.prefix_caching,  # a cached prefix is
@@ -166,12 +168,21 @@ class Engine:
                        speculative_config=self.options.speculative,
                        generation_config="vllm")  # no implicit defaults from the model's generation_config.json
         self.env = env
-        self.capture: Capture | None = None
-        if self.options.patch or trace:
-            model = self.llm.apply_model(lambda m: m)[0]  # the in-process nn.Module
-            apply_patch(self.options.patch, model)
-            if trace:
-                self.capture = self._capture(model)
+        self.capture: Capture | None = None  # hooks attached on the first trace: idle outside a traced pass
+        if self.options.patch:
+            apply_patch(self.options.patch, self.llm.apply_model(lambda m: m)[0])  # the in-process nn.Module
+
+    def reuse(self, setup: EngineSetup) -> bool:
+        """Another plan of this configuration on the engine as loaded (its traces after its run): a traced pass needs
+        the model in this process and eager mode (hooks do not fire in compiled graphs), and a context as long as
+        its sequence; a prefix cached by the run is dropped before each traced pass (trace())."""
+        if setup.trace and (self.options.multiprocessing or not self.options.enforce_eager):
+            return False
+        needed = context_length(setup.max_context)
+        if self.max_model_len is not None and needed is not None and needed > self.max_model_len:
+            return False
+        self.name, self.workdir = setup.name, setup.workdir
+        return True
 
     def _capture(self, model: Any) -> Capture:
         from adapters.tracing.arch_maps import arch_map, sizes
@@ -192,11 +203,13 @@ class Engine:
 
         params = VllmSamplingParams(max_tokens=1, temperature=0.0)
         model = self.llm.apply_model(lambda m: m)[0]
+        if self.capture is None:
+            self.capture = self._capture(model)
         capture = self.capture
-        if capture is None:
-            raise RuntimeError("trace: the engine was not loaded to trace (setup.trace)")
 
         def forward(token_ids: list[int], logits_from: int) -> None:
+            if self.prefix_caching:  # a cached prefix is not recomputed: its positions would pass no hook
+                self.llm.reset_prefix_cache()
             with capture.mute("logits"):  # the sampler's own logits call: the last position only
                 self.llm.generate([TokensPrompt(prompt_token_ids=token_ids)], params, use_tqdm=False)
             if not capture.wants("logits"):

@@ -9,7 +9,7 @@ asks `current()`. Outside a command (the library used directly) engines run loca
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, Protocol
 
@@ -106,3 +106,24 @@ def using(name: ExecutorName, address: str | None = None) -> Iterator[Executor]:
     finally:
         _stack.pop()
         executor.close()
+
+
+@contextmanager
+def kept_loaded(keys: Iterable[tuple | None]) -> Iterator[None]:
+    """For its duration, the command's idle workers holding one of these configurations (EnginePlan.load_key) stay
+    loaded for a later plan of the same configuration; released after (harness.executors.worker_pool)."""
+    pool = current().workers
+    keys = list(keys)
+    if pool is not None:
+        pool.expect(keys)
+    try:
+        yield
+    finally:
+        release_loaded(keys)
+
+
+def release_loaded(keys: Iterable[tuple | None]) -> None:
+    """These configurations are not needed again in this command (see kept_loaded)."""
+    pool = current().workers
+    if pool is not None:
+        pool.release(keys)

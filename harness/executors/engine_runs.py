@@ -34,23 +34,56 @@ class EngineOutcome:
     results: dict[str, Result | TraceResult] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     load_s: list[float] = field(default_factory=list)
+    model_loads: int = 0  # engines constructed (0: it was served by an engine a previous plan left loaded)
     worker_pids: list[int] = field(default_factory=list)
     restarts: int = 0
     phases: dict[str, float] = field(default_factory=dict)  # the first worker's: process start, imports, load
 
     def info(self) -> dict:
         """Everything but the results: what engines/<name>/engine.json keeps for a resumed run."""
-        return {"versions": self.versions, "load_s": self.load_s, "worker_pids": self.worker_pids,
-                "restarts": self.restarts, "phases": self.phases}
+        return {"versions": self.versions, "load_s": self.load_s, "model_loads": self.model_loads,
+                "worker_pids": self.worker_pids, "restarts": self.restarts, "phases": self.phases}
 
 
 Progress = Callable[[str, str], None]  # (engine name, event): "loading" | "ready" | "case" | "done"
 
 
+class Recorded:
+    """Every run's results as they are recorded, for the runs that need another's first (EnginePlan.after)."""
+
+    def __init__(self) -> None:
+        self.results: dict[str, dict[str, Result | TraceResult]] = {}
+        self.finished: set[str] = set()
+        self.changed = threading.Condition()
+
+    def add(self, name: str, result: Result | TraceResult) -> None:
+        with self.changed:
+            self.results.setdefault(name, {})[result.case_id] = result
+            self.changed.notify_all()
+
+    def finish(self, name: str) -> None:
+        with self.changed:
+            self.finished.add(name)
+            self.changed.notify_all()
+
+    def wait(self, name: str, case_ids: list[str], stopped: threading.Event) -> dict[str, Result | TraceResult]:
+        """The named run's results for these cases, once it has them all or has finished (missing: none came)."""
+        def ready() -> bool:
+            return name in self.finished or set(case_ids) <= set(self.results.get(name, {}))
+
+        with self.changed:
+            while not ready() and not stopped.is_set():
+                self.changed.wait(0.25)
+            got = self.results.get(name, {})
+            return {c: got[c] for c in case_ids if c in got}
+
+
 class EngineRun:
     def __init__(self, plan: EnginePlan, progress: Progress, executor: Executor, label: str,
-                 pool: WorkerPool | None = None):
+                 pool: WorkerPool | None = None, wanted: Callable[[], set] = set, recorded: Recorded | None = None):
         self.plan, self.executor, self.label, self.pool = plan, executor, label, pool
+        self.wanted = wanted  # the load keys of the plans still waiting to start (their loaded workers are theirs)
+        self.recorded = recorded or Recorded()
         self.progress = lambda event: progress(label, event)
         self.outcome = EngineOutcome(plan.name)
         self.worker: Worker | None = None
@@ -60,6 +93,7 @@ class EngineRun:
 
     def _record(self, result: Result | TraceResult) -> None:
         self.outcome.results[result.case_id] = result
+        self.recorded.add(self.plan.name, result)
         self.journal.write(json.dumps(result.model_dump(mode="json")) + "\n")
         self.journal.flush()
         self.progress("case")
@@ -72,10 +106,11 @@ class EngineRun:
 
     def _start_worker(self) -> None:
         self.progress("loading")
-        kept = self.pool.take(self.plan) if self.pool else None
-        if kept is not None:
+        taken = self.pool.take(self.plan, self.wanted) if self.pool else None
+        if taken is not None:
+            kept, loaded = taken
             try:
-                self._load(kept, reused=True)
+                self._load(kept, reused=True, keep=loaded)
                 return
             except WorkerGone:  # died while idle, or the load failed there: the engine gets a fresh worker
                 kept.kill()
@@ -83,7 +118,9 @@ class EngineRun:
         worker.start()
         self._load(worker, reused=False)
 
-    def _load(self, worker: Worker, reused: bool) -> None:
+    def _load(self, worker: Worker, reused: bool, keep: bool = False) -> None:
+        """Load the plan's engine in the worker (keep: the worker holds this configuration loaded already, and the
+        engine serves the plan as it is if it can)."""
         plan = self.plan
         self.worker = worker
         if self.worker.pid is not None:  # a worker thread has none
@@ -91,12 +128,13 @@ class EngineRun:
             (plan.workdir / "worker.pid").write_text(str(self.worker.pid))
         self.worker.send({"op": "load", "factory": plan.factory, "setup": plan.setup.model_dump(mode="json"),
                           "sampling": plan.sampling, "package": plan.package, "params": _distinct_params(plan),
-                          "log": str(plan.workdir / "worker.log") if reused else None})
+                          "log": str(plan.workdir / "worker.log") if reused else None, "keep": keep})
         message = self.worker.receive(plan.load_timeout)
         if message["event"] != "ready":
             raise WorkerGone(f"could not load: {message.get('error', message)}")
         self.outcome.versions = message["versions"]
         self.outcome.load_s.append(message["load_s"])
+        self.outcome.model_loads += bool(message.get("model_loaded", True))
         if not self.outcome.phases:
             phases = message.get("phases", {})
             spawned = self.worker.spawned_at  # by the clock of the worker's own machine, as main_at is
@@ -134,7 +172,9 @@ class EngineRun:
                 try:
                     if self.worker is None:
                         self._start_worker()
-                    self._run_batch(batch)
+                    batch = self._after_dependency(batch)
+                    if batch:
+                        self._run_batch(batch)
                 except (WorkerGone, WorkerTimeout) as exc:
                     if self.stopped.is_set():
                         break  # interrupted: unfinished cases stay missing, reported as not run
@@ -153,8 +193,26 @@ class EngineRun:
                     self.worker.stop()
                 self.worker = None  # stopped, or kept for another engine: this run no longer owns it
             self.journal.close()
+            self.recorded.finish(self.plan.name)
             self.progress("done")
         return self.outcome
+
+    def _after_dependency(self, batch: list) -> list:
+        """The batch's requests whose dependency (EnginePlan.after) succeeded, once it has answered them; the others
+        are recorded as not run, with the dependency's error."""
+        if self.plan.after is None:
+            return batch
+        got = self.recorded.wait(self.plan.after, [r.case_id for r in batch], self.stopped)
+        ready = []
+        for request in batch:
+            result = got.get(request.case_id)
+            if result is not None and result.status == "ok":
+                ready.append(request)
+            elif not self.stopped.is_set():
+                why = result.error if result is not None else "no result"
+                self._record(self.result_type.engine_error(request.case_id, self.plan.name,
+                                                           f"not run: {self.plan.after} failed on this case ({why})"))
+        return ready
 
     def _discard_worker(self) -> None:
         if self.worker is not None:
@@ -184,10 +242,12 @@ def run_plans(plans: list[EnginePlan], parallel: int | None, progress: Progress,
     executor = choice.current()
     executor.check({plan.name: plan.resources for plan in plans})
     workers = executor.workers
-    runs = [EngineRun(plan, progress, executor, label, workers)
+    waiting: list[EngineRun] = []
+    recorded = Recorded()
+    runs = [EngineRun(plan, progress, executor, label, workers, lambda: {r.plan.load_key for r in waiting}, recorded)
             for plan, label in zip(plans, labels, strict=True)]
     slots = max(1, parallel or executor.parallel(plans))
-    waiting, running, futures = sorted(runs, key=start_order), {}, []
+    waiting[:], running, futures = sorted(runs, key=start_order), {}, []
     pool = ThreadPoolExecutor(max_workers=slots)
     interrupted = False
     try:

@@ -61,11 +61,11 @@ class Worker:
             for line in lines:
                 message = decode(line)
                 if message["op"] == "load":
-                    self.unload(message.get("log"))
+                    self.write_log_to(message.get("log"))
                     if not self.load(message):
                         return 1
                 if message["op"] == "unload":  # kept idle for a later engine: free the memory meanwhile
-                    self.unload(None)
+                    self.unload()
                 if message["op"] in ("generate", "trace", "score"):
                     self.run_batch(message["op"], message["requests"])
                 if message["op"] == "close":
@@ -75,13 +75,16 @@ class Worker:
             if self.engine is not None:
                 self.engine.close()
 
-    def unload(self, log_path: str | None) -> None:
-        """Before a second load: close the engine loaded first, and write to the new engine's log from here on."""
+    def unload(self) -> None:
+        """Close the engine loaded (before another load, or to free its memory while kept idle)."""
         if self.engine is not None:
             self.engine.close()
             self.engine = None
             gc.unfreeze()  # the engine's objects were frozen after its load: collectable again
             gc.collect()
+
+    def write_log_to(self, log_path: str | None) -> None:
+        """A worker serving another plan writes to that plan's log from here on."""
         if log_path:
             sys.stderr.flush()
             log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -92,7 +95,8 @@ class Worker:
         """message: {"factory": "module:Class", "setup": EngineSetup, "sampling": SamplingCode fields or None,
         "package": the engine package of an in-process engine, imported first so that its import time is reported apart
         from loading, "params": the distinct params of the engine's cases, whose effective params start at once,
-        "log": where the worker writes from now on, for a worker reused from another engine}."""
+        "log": where the worker writes from now on, for a worker reused from another engine, "keep": the engine
+        loaded here has this plan's configuration: it serves the plan as loaded if it can (Engine.reuse)}."""
         import importlib
 
         from adapters.registry import engine_class
@@ -101,24 +105,37 @@ class Worker:
 
         self.load_message = message
         try:
-            before = time.monotonic()
-            with long_lived_objects():
-                if message.get("package"):
-                    importlib.import_module(message["package"])
-                    gc.freeze()  # not traversed by the engine's own gc.collect() calls while it loads
-                imported = time.monotonic()
-                setup = EngineSetup.model_validate(message["setup"])
-                self.engine = engine_class(message["factory"])(setup)
+            setup = EngineSetup.model_validate(message["setup"])
+            before = imported = time.monotonic()
+            loads = not (message.get("keep") and self.kept(setup))
+            if loads:
+                self.unload()
+                with long_lived_objects():
+                    if message.get("package"):
+                        importlib.import_module(message["package"])
+                        gc.freeze()  # not traversed by the engine's own gc.collect() calls while it loads
+                    imported = time.monotonic()
+                    self.engine = engine_class(message["factory"])(setup)
             loaded = time.monotonic()
             send(self.protocol, {"event": "ready", "versions": self.engine.versions(), "load_s": loaded - before,
-                                 "phases": {"main_at": self.started, "imports_s": imported - before,
-                                            "load_s": loaded - imported}})
+                                 "model_loaded": loads, "phases": {"main_at": self.started,
+                                                                   "imports_s": imported - before,
+                                                                   "load_s": loaded - imported}})
             self.planned = self.effective([SamplingParams.model_validate(p) for p in message.get("params", [])])
             return True
         except Exception as exc:  # any load failure is reported, then the worker ends
             traceback.print_exc(file=self.log)
             stop_descendants()  # whatever the half-made engine started (an engine core, a server) ends first
             send(self.protocol, {"event": "fatal", "error": short_error(exc)})
+            return False
+
+    def kept(self, setup: Any) -> bool:
+        """Whether the engine loaded here serves the next plan of its configuration as loaded (Engine.reuse)."""
+        reuse = getattr(self.engine, "reuse", None)
+        try:
+            return bool(reuse is not None and reuse(setup))
+        except Exception:  # an engine that cannot say is loaded anew
+            traceback.print_exc(file=self.log)
             return False
 
     def run_batch(self, op: str, raw_requests: list[dict[str, Any]]) -> None:

@@ -1,61 +1,150 @@
-"""Idle worker processes of finished engines, kept for the next engine of the same kind in the same command.
+"""Idle worker processes of finished engines, kept for the next plans of the same command.
 
-An engine whose description allows it (EngineDescription.worker_reuse: HF, in-process vLLM) leaves no process-wide
-state behind once closed, so its worker can load the next one: on a small model most of a worker's start is importing
-torch and the engine package (5-6 s of CPU for HF, 8-10 s for vLLM with its sampler's compiled kernel), which a
-reused worker pays once. The pool lives as long as the command's executor, so explain's traces, drift passes and the
-transplant reuse the workers of the run before them. A kept worker unloads its engine at once, freeing its memory.
-A plan that may leave state behind (a patch) can take a worker but never gives it back; a worker that failed, timed
-out or was interrupted is never given back either.
+Two ways a finished plan's worker serves again:
+- still loaded: a later plan of the same configuration (EnginePlan.load_key: the run's engine tracing its cases for
+  `parity explain`, a drift pass, the reference's logits pass for `parity transplant`) takes the engine as loaded
+  (Engine.reuse), with no model load at all. A command says beforehand which configurations it will need again
+  (expect); only those stay loaded while idle, so an engine nobody will ask for again does not hold its memory (or a
+  server its port) for the rest of the command. A patched engine is kept this way too: the patch is part of its
+  configuration, so only its own later plans take it.
+- unloaded: an engine whose description allows it (EngineDescription.worker_reuse: HF, in-process vLLM) leaves no
+  process-wide state behind once closed, so its worker can load the next engine of its kind (EnginePlan.reuse_key):
+  on a small model most of a worker's start is importing torch and the engine package (5-6 s of CPU for HF, 8-10 s
+  for vLLM with its sampler's compiled kernel), which a reused worker pays once.
+The pool lives as long as the command's executor. A worker that failed, timed out or was interrupted is never given
+back.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from harness.executors.local_process import WorkerGone, WorkerHandle
-from harness.plan.plans import EnginePlan
+from harness.plan.plans import EnginePlan, LoadKey
+
+
+@dataclass
+class Idle:
+    worker: WorkerHandle
+    reuse_key: tuple | None  # the kind of engine it can load next (None: only its own configuration)
+    loaded: LoadKey | None  # the configuration it holds loaded (None: unloaded)
 
 
 class WorkerPool:
     def __init__(self) -> None:
-        self.idle: dict[tuple, list[WorkerHandle]] = {}
+        self.idle: list[Idle] = []
+        self.expected: set[tuple] = set()  # configurations a later plan of the command will ask for
         self.lock = threading.Lock()
 
-    def take(self, plan: EnginePlan) -> WorkerHandle | None:
-        """A live idle worker for this plan, now writing to the plan's log; None: start one."""
-        if plan.reuse_key is None:
-            return None
+    def expect(self, keys: Iterable[tuple | None]) -> None:
+        """Configurations (load keys) a later plan of this command will need: their workers stay loaded when idle."""
         with self.lock:
-            workers = self.idle.get(plan.reuse_key, [])
-            while workers:
-                worker = workers.pop()
-                if worker.process is not None and worker.process.poll() is None:
-                    worker.log_path = plan.workdir / "worker.log"
-                    return worker
+            self.expected.update(k for k in keys if k is not None)
+
+    def take(self, plan: EnginePlan, wanted: Callable[[], set] = set) -> tuple[WorkerHandle, bool] | None:
+        """A live idle worker for this plan, now writing to the plan's log, and whether it holds the plan's
+        configuration loaded; None: start one. wanted(): the load keys of the plans still waiting, whose loaded
+        workers are left for them."""
+        with self.lock:
+            for entry in self._alive():
+                if plan.load_key is not None and entry.loaded == plan.load_key:
+                    return self._taken(entry, plan, loaded=True)
+            if plan.reuse_key is None:
+                return None
+            for entry in sorted(self._alive(), key=lambda e: e.loaded in self.expected):
+                if entry.reuse_key == plan.reuse_key and self._may_unload(entry, plan, wanted()):
+                    return self._taken(entry, plan, loaded=False)
         return None
+
+    def _may_unload(self, entry: Idle, plan: EnginePlan, wanted: set) -> bool:
+        """Whether a plan of another configuration may take this idle worker, unloading what it holds: not what a
+        waiting plan wants, nor a configuration a later phase expects of the same model as the plan's (its own
+        scenario's: that model would be loaded twice); a later phase's configuration of another model gives way (a
+        matrix of models would otherwise hold a process per model)."""
+        held = entry.loaded
+        if held is None:
+            return True
+        if held in wanted:
+            return False
+        return not (held in self.expected and plan.load_key is not None and held.model_path == plan.load_key.model_path)
+
+    def _alive(self) -> list[Idle]:
+        self.idle = [e for e in self.idle if e.worker.process is not None and e.worker.process.poll() is None]
+        return list(self.idle)
+
+    def _taken(self, entry: Idle, plan: EnginePlan, loaded: bool) -> tuple[WorkerHandle, bool]:
+        self.idle.remove(entry)
+        entry.worker.log_path = plan.workdir / "worker.log"
+        return entry.worker, loaded
 
     def has_idle(self, key: tuple) -> bool:
         """Whether a worker kept for plans of this reuse key is waiting (it may have died meanwhile: take says)."""
         with self.lock:
-            return bool(self.idle.get(key))
+            return any(e.reuse_key == key for e in self.idle)
+
+    def holds(self, load_key: tuple | None) -> bool:
+        """Whether an idle worker holds this configuration loaded."""
+        with self.lock:
+            return load_key is not None and any(e.loaded == load_key for e in self.idle)
 
     def give(self, plan: EnginePlan, worker: object) -> bool:
-        """Keep the worker of a plan that finished cleanly for the next plan of its kind; False: stop it yourself."""
-        if plan.reuse_key is None or plan.leaves_state or not isinstance(worker, WorkerHandle):
+        """Keep the worker of a plan that finished cleanly: loaded if a later plan expects its configuration, else
+        unloaded for the next engine of its kind; False: stop it yourself."""
+        if not isinstance(worker, WorkerHandle):
             return False
-        try:
-            worker.send({"op": "unload"})
-        except WorkerGone:
+        reuse_key = None if plan.leaves_state else plan.reuse_key
+        if plan.load_key is not None and plan.load_key in self.expected and not memory_tight():
+            entry = Idle(worker, reuse_key, plan.load_key)
+        elif reuse_key is not None:
+            try:
+                worker.send({"op": "unload"})
+            except WorkerGone:
+                return False
+            entry = Idle(worker, reuse_key, None)
+        else:
             return False
         with self.lock:
-            self.idle.setdefault(plan.reuse_key, []).append(worker)
+            self.idle.append(entry)
         return True
+
+    def release(self, keys: Iterable[tuple | None]) -> None:
+        """These configurations are not needed again: their idle workers unload (or stop, where none of another
+        configuration could use them)."""
+        keys = {k for k in keys if k is not None}
+        with self.lock:
+            self.expected -= keys
+            held = [e for e in self.idle if e.loaded in keys]
+            for entry in held:
+                entry.loaded = None
+            stop = [e for e in held if e.reuse_key is None]
+            self.idle = [e for e in self.idle if e not in stop]
+        for entry in held:
+            if entry not in stop:
+                try:
+                    entry.worker.send({"op": "unload"})
+                except WorkerGone:
+                    entry.worker.kill()
+        for entry in stop:
+            entry.worker.stop()
 
     def close(self, kill: bool = False) -> None:
         """Stop the idle workers (kill: at once, the user interrupted)."""
         with self.lock:
-            workers = [w for group in self.idle.values() for w in group]
+            workers = [e.worker for e in self.idle]
             self.idle.clear()
+            self.expected.clear()
         for worker in workers:
             worker.kill() if kill else worker.stop()
+
+
+def memory_tight() -> bool:
+    """Whether this machine's available memory is low enough that an idle engine should not keep its model loaded
+    (less than 4 GiB or a fifth of the memory free): it is loaded again when its configuration is needed."""
+    try:
+        info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in open("/proc/meminfo")}
+    except (OSError, ValueError, IndexError):
+        return False
+    available, total = info.get("MemAvailable", 0), info.get("MemTotal", 0)
+    return available < max(4 << 30, total // 5)

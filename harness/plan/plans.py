@@ -3,10 +3,11 @@ that cannot run here is reported. A plan is all a worker needs; it knows nothing
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from adapters import registry
 from harness import models
@@ -18,6 +19,18 @@ from harness.scenario.spec import LoadedScenario
 # generate: Request -> Result; trace: TraceRequest -> TraceResult; score: TraceRequest -> Result (teacher-forced top-k
 # logprobs of the sequence's continuation, from an engine that cannot be traced but can score a given text)
 Op = Literal["generate", "trace", "score"]
+
+
+class LoadKey(NamedTuple):
+    """What an engine loads: plans with equal keys may share one loaded engine."""
+
+    factory: str
+    python: str | None
+    threads: int
+    folder: str  # the scenario's folder (on the worker's import path)
+    model_path: str
+    dtype: str
+    options: str  # as sorted JSON
 
 
 @dataclass
@@ -46,9 +59,15 @@ class EnginePlan:
     attached_client: bool = False
     # plans with the same key may run one after another in one worker process (None: a worker of its own)
     reuse_key: tuple | None = None
+    # the configuration its engine loads (model, dtype, options, interpreter): a plan of the same key may be served
+    # by the engine a finished plan left loaded (Engine.reuse); None: always loaded anew
+    load_key: LoadKey | None = None
     # its engine may leave process-wide state behind (a patch function can change any module): no plan reuses its
     # worker after it
     leaves_state: bool = False
+    # the plan whose results for the same cases this one's requests need first (a pass compared with the reference's
+    # trace as it is captured): its worker may start and load meanwhile, each batch waits for those results
+    after: str | None = None
 
     @property
     def fed_in_pieces(self) -> bool:
@@ -96,6 +115,7 @@ def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: li
     timeouts = spec.engine_timeouts(name)
     package = None if description.capabilities.server else description.requirement.module
     import_paths = [str(scenario.path.parent.resolve())]
+    attached = bool(description.capabilities.http_only_client and options.get("url") and not engine.python)
     shared = None if description.capabilities.server else description.reuse_settings(options)
     return EnginePlan(engine=engine.engine, factory=description.factory, package=package,
                       sampling={"module": code.module, "kwargs": code.kwargs} if code else None, setup=setup,
@@ -105,11 +125,24 @@ def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: li
                       case_timeout=timeouts.case, op=op,
                       import_paths=import_paths, model=spec.model,
                       model_shared=spec.model_shared, resources=plan_resources(scenario, name, options),
-                      attached_client=bool(description.capabilities.http_only_client and options.get("url")
-                                           and not engine.python),
+                      attached_client=attached,
                       reuse_key=(description.factory, engine.python, spec.engine_threads(name), *import_paths,
                                  *shared) if shared is not None else None,
+                      load_key=None if attached else load_key(scenario, name, dtype, options, setup.model_path),
                       leaves_state=bool(options.get("patch")))
+
+
+def engine_load_key(scenario: LoadedScenario, name: str) -> LoadKey:
+    """The load key of a scenario's engine as the scenario configures it (its run, and its traces after)."""
+    dtype = scenario.spec.engine_dtype(name)
+    return load_key(scenario, name, dtype, scenario.spec.engines[name].options,
+                    models.resolve(scenario.spec.model, dtype, str(scenario.path)))
+
+
+def load_key(scenario: LoadedScenario, name: str, dtype: str, options: dict[str, Any], model_path: Path) -> LoadKey:
+    spec, engine = scenario.spec, scenario.spec.engines[name]
+    return LoadKey(scenario.description(name).factory, engine.python, spec.engine_threads(name),
+                   str(scenario.path.parent.resolve()), str(model_path), dtype, json.dumps(options, sort_keys=True))
 
 
 def plan_resources(scenario: LoadedScenario, name: str, options: dict[str, Any] | None = None) -> ActorResources:

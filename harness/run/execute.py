@@ -19,7 +19,7 @@ from harness import models
 from harness.core.types import Result
 from harness.executors import choice
 from harness.executors.engine_runs import EngineOutcome, Progress, run_plans
-from harness.plan.plans import plan_resources, select_engines, unavailable_engines
+from harness.plan.plans import engine_load_key, plan_resources, select_engines, unavailable_engines
 from harness.plan.requests import all_plans, still_to_run
 from harness.run.outcome import PendingRun
 from harness.rundir.store import RunMeta, RunSelection, new_run_dir, run_lock, write_meta
@@ -159,12 +159,21 @@ def run_pending(pending: list[PendingRun], parallel: int | None, progress: Progr
     labels = [plan.name if len(pending) == 1 else f"{run.scenario.name}/{plan.name}" for run, plan in to_run]
     started = time.perf_counter()
     judging = JudgingCode(labels, progress)
-    outcomes, interrupted = run_plans([plan for _, plan in to_run], parallel, judging.event, labels)
-    finish = judging.loaded()
+    with choice.kept_loaded(key for run in pending for key in _drift_keys(run.scenario)):
+        outcomes, interrupted = run_plans([plan for _, plan in to_run], parallel, judging.event, labels)
+        finish = judging.loaded()
 
-    wall = time.perf_counter() - started
-    by_run: dict[int, dict[str, EngineOutcome]] = {id(run): {} for run in pending}
-    for (run, plan), outcome in zip(to_run, outcomes, strict=True):
-        by_run[id(run)][plan.name] = outcome
-    return [finish(run, by_run[id(run)], interrupted, started - run.prepare_started, wall, parallel, progress)
-            for run in pending]
+        wall = time.perf_counter() - started
+        by_run: dict[int, dict[str, EngineOutcome]] = {id(run): {} for run in pending}
+        for (run, plan), outcome in zip(to_run, outcomes, strict=True):
+            by_run[id(run)][plan.name] = outcome
+        return [finish(run, by_run[id(run)], interrupted, started - run.prepare_started, wall, parallel, progress)
+                for run in pending]
+
+
+def _drift_keys(scenario: LoadedScenario) -> list[tuple]:
+    """The configurations the drift verdicts' logits passes run after the run (each drifting engine and its
+    baseline): they stay loaded from their run to those passes."""
+    spec = scenario.spec
+    pairs = [(n, spec.drift_baseline(n)) for n in spec.engines if spec.drift_baseline(n) in spec.engines]
+    return [engine_load_key(scenario, name) for name in dict.fromkeys(n for pair in pairs for n in pair)]

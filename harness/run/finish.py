@@ -37,7 +37,8 @@ def engine_meta(plan: EnginePlan, outcome: EngineOutcome) -> EngineMeta:
     return EngineMeta(engine=plan.engine, dtype=plan.dtype, threads=plan.threads, options=plan.setup.options,
                       env={"OMP_NUM_THREADS": str(plan.threads), "OMP_WAIT_POLICY": "passive"},
                       python=plan.python or sys.executable, model_path=str(plan.setup.model_path),
-                      versions=outcome.versions, load_s=outcome.load_s, worker_pids=outcome.worker_pids,
+                      versions=outcome.versions, load_s=outcome.load_s, model_loads=outcome.model_loads,
+                      worker_pids=outcome.worker_pids,
                       restarts=outcome.restarts, phases=phases)
 
 

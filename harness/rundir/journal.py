@@ -56,6 +56,7 @@ class EngineInfo(BaseModel):
 
     versions: dict[str, str] = Field(default_factory=dict)
     load_s: list[float] = Field(default_factory=list)
+    model_loads: int = 0
     worker_pids: list[int] = Field(default_factory=list)
     restarts: int = 0
     phases: dict[str, float] = Field(default_factory=dict)

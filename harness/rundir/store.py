@@ -43,6 +43,7 @@ class EngineMeta(BaseModel):
     model_path: str
     versions: dict[str, str] = Field(default_factory=dict)
     load_s: list[float] = Field(default_factory=list)
+    model_loads: int = 0  # engines constructed for the run's plan (0: served by one left loaded by a plan before)
     worker_pids: list[int] = Field(default_factory=list)
     restarts: int = 0
     # where the engine's time went: process start, imports, load (first worker), generate and effective params
