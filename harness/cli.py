@@ -230,7 +230,11 @@ def explain(scenarios: ScenarioPaths,
             k: Annotated[float | None, typer.Option(help="a point leaves the noise floor when its error exceeds k x "
                                                          "the floor (default: scenario, 10)")] = None,
             out: Out = Path("reports"), parallel: Parallel = None, executor: ExecutorOpt = ExecutorKind.local,
-            ray_address: RayAddress = None) -> None:
+            ray_address: RayAddress = None,
+            keep_traces: Annotated[bool, typer.Option(
+                help="keep every engine's whole trace (every point at every position) in the run directory; by "
+                     "default only the logits rows and the first divergent layer's rows are kept, with every "
+                     "point's per-position errors in explain/errors.parquet")] = False) -> None:
     """Run scenario(s), then trace the chosen cases layer by layer in every engine (teacher forcing) and say where
     the engines part and why: which layer and component, sampler or penalty semantics, a near-tie, a hazard. Several
     scenarios run as one matrix and are explained in turn, in the same workers (--case names cases of each)."""
@@ -240,7 +244,7 @@ def explain(scenarios: ScenarioPaths,
     folder_out("--out", out)
     loaded = [load(path) for path in scenarios]  # every file is validated before any engine starts
     with executor_scope(executor, ray_address):
-        code = explain_all_and_print(loaded, out, selection(engines, allow_missing, case), k, parallel)
+        code = explain_all_and_print(loaded, out, selection(engines, allow_missing, case), k, parallel, keep_traces)
     raise typer.Exit(code)
 
 

@@ -99,22 +99,29 @@ def print_outcome(outcome: RunOutcome) -> RunOutcome:
 
 
 def explain_all_and_print(scenarios: list[LoadedScenario], out: Path, selection: Selection, k: float | None,
-                          parallel: int | None) -> int:
-    """Run the scenarios as one matrix, then explain each one's chosen cases in turn. One command keeps its idle
-    workers (harness.executors.worker_pool), so every scenario's traces after the first reuse the run's workers."""
-    outcomes = run_all_and_print(scenarios, out, selection, parallel)
-    codes = []
-    for outcome in outcomes:
-        if outcome.interrupted:
-            return EXIT_INTERRUPTED
-        codes.append(explain_and_print(outcome, selection, k, parallel, named=len(outcomes) > 1))
-        if codes[-1] == EXIT_INTERRUPTED:
-            return EXIT_INTERRUPTED
-    return max(codes)
+                          parallel: int | None, keep_traces: bool = False) -> int:
+    """Run the scenarios as one matrix, then explain each one's chosen cases in turn. The engines explain traces or
+    scores stay loaded from their run to their passes (harness.executors.worker_pool): no model loads twice."""
+    from harness.executors.choice import kept_loaded, release_loaded
+    from harness.explain.orchestrate import explained_engines
+    from harness.plan.plans import engine_load_key
+
+    keys = {id(s): [engine_load_key(s, n) for names in explained_engines(s) for n in names] for s in scenarios}
+    with kept_loaded(k for each in keys.values() for k in each):
+        outcomes = run_all_and_print(scenarios, out, selection, parallel)
+        codes = []
+        for scenario, outcome in zip(scenarios, outcomes, strict=True):
+            if outcome.interrupted:
+                return EXIT_INTERRUPTED
+            codes.append(explain_and_print(outcome, selection, k, parallel, len(outcomes) > 1, keep_traces))
+            release_loaded(keys[id(scenario)])
+            if codes[-1] == EXIT_INTERRUPTED:
+                return EXIT_INTERRUPTED
+        return max(codes)
 
 
 def explain_and_print(outcome: RunOutcome, selection: Selection, k: float | None, parallel: int | None,
-                      named: bool) -> int:
+                      named: bool, keep_traces: bool = False) -> int:
     """Explain one finished run's chosen cases (named: its lines say which scenario they are about)."""
     from harness.explain.beam_runs import explain_beams, explanation_lines, split_cases
     from harness.explain.localisation_report import localisation_lines
@@ -142,7 +149,7 @@ def explain_and_print(outcome: RunOutcome, selection: Selection, k: float | None
 
     workers = parallel or max(1, (os.cpu_count() or 1) // outcome.scenario.spec.threads)
     try:
-        result = explain_run(outcome, token_ids, k, workers, progress.event, on_start)
+        result = explain_run(outcome, token_ids, k, workers, progress.event, on_start, keep_traces)
     finally:
         progress.stop()
     for note in result.notes:
@@ -158,7 +165,8 @@ def transplant_and_print(scenario: LoadedScenario, out: Path, selection: Selecti
     """Only the reference generates; every selected engine's sampling code runs on its logits (an engine whose
     package is missing from its interpreter stops the command, or is skipped with --allow-missing)."""
     from harness.compare.beam_rules import beam_cases
-    from harness.plan.plans import select_engines, unavailable_engines
+    from harness.executors.choice import kept_loaded
+    from harness.plan.plans import engine_load_key, select_engines, unavailable_engines
     from harness.semantics import effective
     from harness.transplant.sampler_swap import transplant_run
 
@@ -173,15 +181,16 @@ def transplant_and_print(scenario: LoadedScenario, out: Path, selection: Selecti
     names = [n for n in names if n not in skipped]
     rejected = effective.rejections(chosen, names)
     reference_only = Selection(engines=[scenario.spec.reference], cases=selection.cases)
-    outcome = run_and_print(scenario, out, reference_only, None)
-    if outcome.interrupted:
-        return EXIT_INTERRUPTED
-    progress = EngineProgress()
-    progress.start([scenario.spec.reference], len(outcome.scenario.cases))
-    try:
-        result = transplant_run(outcome, chosen, names, rejected, progress.event)
-    finally:
-        progress.stop()
+    with kept_loaded([engine_load_key(scenario, scenario.spec.reference)]):  # from its run to its logits pass
+        outcome = run_and_print(scenario, out, reference_only, None)
+        if outcome.interrupted:
+            return EXIT_INTERRUPTED
+        progress = EngineProgress()
+        progress.start([scenario.spec.reference], len(outcome.scenario.cases))
+        try:
+            result = transplant_run(outcome, chosen, names, rejected, progress.event)
+        finally:
+            progress.stop()
     for name, reason in skipped.items():
         _note("skipped", f"{name}: {reason}")
     for verdict in result.verdicts:

@@ -14,7 +14,6 @@ adapter to compute another from (vLLM's logits, from the final norm's rows, a sl
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ from adapters.tracing.arch_maps import ArchMap, Tap
 from adapters.tracing.writer import TraceWriter
 from harness.core.points import layer_point
 from harness.core.types import TraceRequest, TraceResult
+from harness.rundir.traces import trace_file_name
 
 LOGITS_SLICE = 64  # positions whose logits a traced pass computes at once (64 MB at a 262k vocabulary)
 Derive = Callable[[str, Any], list[tuple[str, Any]]]  # (point name, tensor) -> extra points computed from it
@@ -187,10 +187,32 @@ def logits_start(request: TraceRequest) -> int:
     return max(0, request.prompt_len - 1)
 
 
-def trace_path(workdir: Path, case_id: str) -> Path:
-    folder = workdir / "traces"
+def trace_path(workdir: Path, request: TraceRequest) -> Path:
+    """Where a request's trace goes: its trace_dir, else the engine's traces folder."""
+    folder = Path(request.trace_dir) if request.trace_dir else workdir / "traces"
     folder.mkdir(parents=True, exist_ok=True)
-    return folder / f"{re.sub(r'[^A-Za-z0-9_.=,-]+', '_', case_id)}.safetensors"
+    return folder / trace_file_name(request.case_id)
+
+
+def trace_writer(request: TraceRequest, path: Path, store_dtype: Any) -> Any:
+    """A TraceWriter storing every point, or where the request names the reference's trace, a ComparingWriter
+    (adapters.tracing.comparing_writer): compared as captured, only metrics and the kept points' rows stored."""
+    if request.against is None:
+        return TraceWriter(path, store_dtype)
+    from adapters.tracing.comparing_writer import ComparingWriter
+
+    return ComparingWriter(path, store_dtype, Path(request.against),
+                           None if request.keep is None else set(request.keep))
+
+
+def trace_result(engine_name: str, request: TraceRequest, path: Path, points: list[str], writer: Any,
+                 started: float) -> TraceResult:
+    import time
+
+    errors = getattr(writer, "errors_path", None)
+    return TraceResult(case_id=request.case_id, engine=engine_name, status="ok", path=str(path), points=points,
+                       nonfinite=writer.nonfinite, timings={"trace_s": time.perf_counter() - started},
+                       errors=str(errors) if errors else "")
 
 
 def run_traces(engine_name: str, capture: Capture, requests: list[TraceRequest], workdir: Path, store_dtype: Any,
@@ -200,8 +222,8 @@ def run_traces(engine_name: str, capture: Capture, requests: list[TraceRequest],
     forward(token_ids, logits_from) runs the model and computes the logits from position logits_from on; `keep`:
     points it reads back from capture.keep."""
     for request in requests:
-        path = trace_path(workdir, request.case_id)
-        writer = TraceWriter(path, store_dtype)
+        path = trace_path(workdir, request)
+        writer = trace_writer(request, path, store_dtype)
         logits_from = logits_start(request)
         capture.begin(writer, len(request.token_ids), request.points, keep, logits_from)
         started = time.perf_counter()
@@ -215,5 +237,4 @@ def run_traces(engine_name: str, capture: Capture, requests: list[TraceRequest],
         points = writer.close({**metadata, "arch": capture.arch.name, "fused": ",".join(capture.arch.fused),
                                "case_id": request.case_id, "prompt_len": str(request.prompt_len),
                                "logits_from": str(logits_from), "missing_map": capture.arch.missing})
-        yield TraceResult(case_id=request.case_id, engine=engine_name, status="ok", path=str(path), points=points,
-                          nonfinite=writer.nonfinite, timings={"trace_s": time.perf_counter() - started})
+        yield trace_result(engine_name, request, path, points, writer, started)

@@ -23,8 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from adapters.tracing.capture import logits_start, trace_path
-from adapters.tracing.writer import TraceWriter
+from adapters.tracing.capture import logits_start, trace_path, trace_result, trace_writer
 from harness.core.points import layer_point
 from harness.core.types import TraceRequest, TraceResult
 
@@ -141,7 +140,7 @@ def architecture(llama_cpp: Any, model: Any) -> str:
 class GraphTracer:
     """A second llama.cpp context on the engine's loaded model with the evaluation callback installed. One call
     evaluates a whole sequence (one batch, logits at every position) and streams the captured points to a
-    TraceWriter in the order llama.cpp computes them."""
+    trace writer (adapters.tracing.capture.trace_writer) in the order llama.cpp computes them."""
 
     def __init__(self, llama_cpp: Any, model: Any, context_params: Any):
         self.llama_cpp, self.model = llama_cpp, model
@@ -251,8 +250,8 @@ def run_graph_traces(engine_name: str, tracer: GraphTracer, requests: list[Trace
     import torch
 
     for request in requests:
-        path = trace_path(workdir, request.case_id)
-        writer = TraceWriter(path, torch.float32)
+        path = trace_path(workdir, request)
+        writer = trace_writer(request, path, torch.float32)
         started = time.perf_counter()
         logits_from = logits_start(request)
         try:
@@ -263,5 +262,4 @@ def run_graph_traces(engine_name: str, tracer: GraphTracer, requests: list[Trace
         points = writer.close({**metadata, "arch": tracer.map.name if tracer.map else "", "fused": "",
                                "case_id": request.case_id, "prompt_len": str(request.prompt_len),
                                "logits_from": str(logits_from)})
-        yield TraceResult(case_id=request.case_id, engine=engine_name, status="ok", path=str(path), points=points,
-                          nonfinite=writer.nonfinite, timings={"trace_s": time.perf_counter() - started})
+        yield trace_result(engine_name, request, path, points, writer, started)

@@ -54,10 +54,7 @@ class TraceWriter:
             raise ValueError(f"capture point {name} captured twice in one pass")
         stored = torch.empty(rows.shape, dtype=self.store_dtype)  # a copy: the engine may reuse its buffer
         stored.copy_(rows.detach())
-        if not torch.isfinite(stored.sum()):  # a cheap pass: an inf or NaN (or a sum past float32's range) shows
-            bad = int((~torch.isfinite(stored)).sum())
-            if bad:
-                self.nonfinite[name] = self.nonfinite.get(name, 0) + bad
+        self.count_nonfinite(name, stored)
         array = stored.numpy()
         shape = self.shapes.setdefault(name, [0, *array.shape[1:]])
         if list(array.shape[1:]) != shape[1:]:
@@ -67,6 +64,15 @@ class TraceWriter:
         self.dtypes[name] = SAFETENSORS_DTYPE[str(array.dtype)]
         shape[0] += array.shape[0]
         self.offset += array.nbytes
+
+    def count_nonfinite(self, name: str, rows: Any) -> None:
+        """Count a point's inf and NaN values (rows: a torch tensor), whether or not its rows are stored."""
+        import torch
+
+        if not torch.isfinite(rows.sum()):  # a cheap pass: an inf or NaN (or a sum past float32's range) shows
+            bad = int((~torch.isfinite(rows)).sum())
+            if bad:
+                self.nonfinite[name] = self.nonfinite.get(name, 0) + bad
 
     def rows(self, name: str) -> int:
         """Rows captured so far for a point (0 if none)."""

@@ -108,6 +108,11 @@ class TraceRequest(Record):
     token_ids: list[int]
     prompt_len: int
     points: list[str] | None = None  # capture only these (e.g. ["logits"]); None: every point
+    # the reference's trace of the same sequence: the engine compares as it captures and stores per-position metrics
+    # (TraceResult.errors), and the rows only of the `keep` points (None: every point); None: store every row
+    against: str | None = None
+    keep: list[str] | None = None
+    trace_dir: str | None = None  # where the trace file goes (None: the engine's traces folder)
 
 
 class TraceResult(Record):
@@ -121,6 +126,7 @@ class TraceResult(Record):
     nonfinite: dict[str, int] = Field(default_factory=dict)  # point -> count of inf/NaN values
     timings: dict[str, float] = Field(default_factory=dict)
     error: str = ""
+    errors: str = ""  # a compared pass (TraceRequest.against): its per-position metrics file
 
     @classmethod
     def engine_error(cls, case_id: str, engine: str, error: str) -> TraceResult:

@@ -30,14 +30,17 @@ def sparkline(values: list[float]) -> str:
     return "".join(out)
 
 
-def curve_line(curve: list[dict[str, Any]]) -> str:
-    """One line: residual-stream error per layer as bars, its range, and the largest error/floor ratio."""
+def curve_line(curve: list[dict[str, Any]], k: float | None = None) -> str:
+    """One line: residual-stream error per layer as bars, its range, and the largest error/floor ratio against the
+    threshold (k x the floor)."""
     if not curve:
         return "error curve: no layers compared"
     errors = [c["error"] for c in curve]
     ratios = [c["error"] / c["floor"] for c in curve if c["floor"] > 0 and math.isfinite(c["error"])]
+    largest = max(ratios or [0])
+    threshold = f", {'above' if largest > k else 'below'} the threshold ({k:g}x the floor)" if k else ""
     return (f"residual error by layer {curve[0]['layer']}..{curve[-1]['layer']}: {sparkline(errors)} "
-            f"{min(errors):.2g} .. {max(errors):.2g} (max {max(ratios or [0]):.2g}x the floor)")
+            f"{min(errors):.2g} .. {max(errors):.2g} (max {largest:.2g}x the floor{threshold})")
 
 
 def localisation_lines(loc: dict[str, Any]) -> list[str]:
@@ -46,7 +49,7 @@ def localisation_lines(loc: dict[str, Any]) -> list[str]:
         fd = loc["first_difference"]
         lines.append(f"  first difference: {fd['point']} (relative error {fd['error']:.3g})")
     if loc.get("curve"):
-        lines.append(f"  {curve_line(loc['curve'])}")
+        lines.append(f"  {curve_line(loc['curve'], loc.get('k'))}")
     return lines
 
 
@@ -60,10 +63,11 @@ def write_markdown(path: Path, scenario: str, run_id: str, meta: dict[str, Any],
                   f"**{loc['cause']}**: {loc['verdict']}", ""]
         out = loc.get("out_of_floor")
         if out:
-            lines += ["| point | component | error | floor | x floor | x inputs | worst position |",
+            lines += [f"| point | component | error | floor | x floor (threshold {meta['k']:g}x) | x inputs | "
+                      "worst position |",
                       "|---|---|---|---|---|---|---|",
                       f"| {out['point']} | {out['cause']} | {out['error']:.3g} | {out['floor']:.3g} | "
-                      f"{out['ratio']:.3g} | {out['jump']:.3g} | {out['position']} |", ""]
+                      f"{out['ratio']:.3g} | {out.get('jump', float('nan')):.3g} | {out['position']} |", ""]
         d = loc.get("divergence")
         if d:
             lines += [f"| first divergent step {d['step']} | chose | raw top-2 | margin | teacher-forced top-2 | "
@@ -76,7 +80,7 @@ def write_markdown(path: Path, scenario: str, run_id: str, meta: dict[str, Any],
             lines.append("")
         if loc.get("curve"):
             lines += ["Residual stream after each layer (relative L2 at the worst position):", "",
-                      "| layer | error | floor | x floor |", "|---|---|---|---|"]
+                      f"| layer | error | floor | x floor (threshold {meta['k']:g}x) |", "|---|---|---|---|"]
             lines += [f"| {c['layer']} | {c['error']:.3g} | {c['floor']:.3g} | {c['error'] / c['floor']:.3g} |"
                       for c in loc["curve"]]
     lines += ["", "Per point and position: `errors.parquet`; per point with floor and ratio: `points.parquet`."]

@@ -52,8 +52,11 @@ class Localisation(BaseModel):
     case_id: str
     engine: str
     reference: str
-    cause: str  # prompt | hazard | component | sampler | near_tie | ending | none | no_trace | untraced
+    # prompt | hazard | component | logits (beyond the floor where only the logits were compared) | sampler |
+    # near_tie | ending | none | no_trace | untraced
+    cause: str
     verdict: str
+    k: float | None = None  # the threshold: a point leaves the noise floor above k x the floor
     first_step: int | None = None
     divergence: dict[str, Any] | None = None
     first_difference: dict[str, Any] | None = None
@@ -100,10 +103,17 @@ def error_curve(points: pd.DataFrame) -> list[dict[str, Any]]:
 
 def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str, prompt_equal: bool,
              divergence: Divergence | None, nonfinite: dict[str, dict[str, int]], fused: dict[str, set[str]],
-             param_note: str, k: float, decode: Decode, ending: str = "") -> Localisation:
+             param_note: str, k: float, decode: Decode, ending: str = "", missing_map: str = "",
+             near_tie: bool = False) -> Localisation:
     """points: against_floor() output for this engine vs the reference, in forward order. ending: how the engines
-    stop at different steps when the run judged them apart with no differing token to look at."""
-    base = dict(case_id=case_id, engine=engine, reference=reference,
+    stop at different steps when the run judged them apart with no differing token to look at. missing_map: why
+    no point inside the model was captured by both (only the logits were compared). near_tie: the run judged the
+    divergence a near-tie."""
+    if set(points["point"]) <= {"logits"}:
+        return _logits_only(points, case_id=case_id, engine=engine, reference=reference, prompt_equal=prompt_equal,
+                            divergence=divergence, nonfinite=nonfinite, k=k, decode=decode, ending=ending,
+                            missing_map=missing_map, near_tie=near_tie, param_note=param_note)
+    base = dict(case_id=case_id, engine=engine, reference=reference, k=k,
                 first_step=divergence.step if divergence else None,
                 divergence=divergence.model_dump() if divergence else None, curve=error_curve(points))
     differs = points[points["error"] > 0]
@@ -138,7 +148,7 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
                    f"cause: {cause}. {step_note}.")
         return Localisation(cause="component", verdict=verdict, **base)
     worst = points.loc[points["ratio"].idxmax()]
-    within = (f"every capture point stays within the noise floor (largest: {_where(worst['point'])} at "
+    within = (f"every capture point stays below the threshold ({k:g}x the floor; largest: {_where(worst['point'])} at "
               f"{_fmt(worst['ratio'])}x the floor)")
     first = base.get("first_difference")
     drift = (f"; the engines first differ at {_where(first['point'])} ({COMPONENT.get(parse(first['point'])[1])})"
@@ -180,3 +190,46 @@ def _hazard(nonfinite: dict[str, dict[str, int]], points: pd.DataFrame) -> str:
     _, point, engine, count = min(found)
     return (f"numerical hazard: {engine} produces {count} inf/NaN value(s), first at {_where(point)}; everything "
             "after it is poisoned")
+
+
+def _logits_only(points: pd.DataFrame, *, case_id: str, engine: str, reference: str, prompt_equal: bool,
+                 divergence: Divergence | None, nonfinite: dict[str, dict[str, int]], k: float, decode: Decode,
+                 ending: str, missing_map: str, near_tie: bool, param_note: str) -> Localisation:
+    """Only the logits were compared (no per-layer map in one engine or both): say what was measured there, the
+    logits' difference and where it starts, whether the tokens agree and whether at a near-tie, and that nothing
+    inside the model can be named. No component and no "inputs agree": no input was measured."""
+    base = dict(case_id=case_id, engine=engine, reference=reference, k=k,
+                first_step=divergence.step if divergence else None,
+                divergence=divergence.model_dump() if divergence else None)
+    unmapped = (f"only the logits were compared ({missing_map or 'no per-layer map for this model'}), so where "
+                "inside the model the difference starts cannot be localised: a per-layer map would "
+                "(docs/adding-an-architecture.md)")
+    if not prompt_equal:
+        return Localisation(cause="prompt", verdict="prompt token ids differ between the engines: a tokenisation or "
+                            f"chat-template difference, not a numerical one; {unmapped}", **base)
+    hazard = _hazard(nonfinite, points)
+    if hazard:
+        return Localisation(cause="hazard", verdict=f"{hazard}; {unmapped}", **base)
+    if divergence is None:
+        tokens = ending or "the generated tokens agree"
+    elif divergence.picked_after_logits:
+        tokens = _step_note(divergence, decode, engine) + (f"; {param_note}" if param_note else "")
+    else:
+        tokens = _step_note(divergence, decode, engine) + ("; a near-tie" if near_tie else "; not a near-tie")
+    row = points.iloc[0] if len(points) else None
+    if row is None:
+        return Localisation(cause="none", verdict=f"nothing compared; {tokens}; {unmapped}", **base)
+    measured = (f"relative error {_fmt(row['error'])} is {_fmt(row['ratio'])}x the floor ({_fmt(row['floor'])}), "
+                f"{'above' if row['leaves_floor'] else 'below'} the threshold ({k:g}x the floor)")
+    if row["leaves_floor"]:
+        since = int(row.get("first_out_position", row["worst_position"]))
+        base["out_of_floor"] = {"point": "logits", "layer": int(row["layer"]), "component": row["component"],
+                                "cause": "logits", "error": float(row["error"]), "floor": float(row["floor"]),
+                                "ratio": float(row["ratio"]), "position": int(row["worst_position"]),
+                                "first_position": since}
+        return Localisation(cause="logits", verdict=f"the logits differ beyond the noise floor from position {since}: "
+                            f"{measured}; {tokens}; {unmapped}", **base)
+    cause = "none" if divergence is None and not ending else "ending" if divergence is None else \
+        "sampler" if divergence.picked_after_logits else "near_tie"
+    return Localisation(cause=cause, verdict=f"the logits stay within the noise floor: {measured}; {tokens}; "
+                        f"{unmapped}", **base)

@@ -10,7 +10,7 @@ leaves the floor), localisation.json and summary.md.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -21,14 +21,16 @@ from harness.compare.own_top1 import TIE
 from harness.core.errors import ConfigError
 from harness.core.types import Result, TraceRequest, TraceResult
 from harness.executors.engine_runs import Progress, run_engines
+from harness.explain.kept_rows import keep_rows
 from harness.explain.localise import Divergence, Localisation, localise
-from harness.explain.trace_diff import against_floor, compare_traces, first_out, summarize, top2
-from harness.plan.plans import engine_plan
+from harness.explain.trace_diff import against_floor, compare_traces, first_out, metrics_frame, summarize, top2
+from harness.explain.trace_passes import FORCED, plan_passes
 from harness.run.outcome import RunOutcome
 from harness.rundir.store import write_json
 from harness.rundir.tables import read_results, read_steps, write_parquet
 from harness.rundir.traces import Trace
 from harness.scenario.prompts import load_tokenizer
+from harness.scenario.spec import LoadedScenario
 from harness.semantics.meaning import explain_differences, param_differences
 
 FLOOR_DTYPE = {"float32": "float64", "bfloat16": "float32", "float16": "float32"}
@@ -55,6 +57,14 @@ def choose_cases(outcome: RunOutcome, requested: list[str] | None) -> list[str]:
     return [c for c in all_ids if c in off] or all_ids[:1]
 
 
+def explained_engines(scenario: LoadedScenario) -> tuple[list[str], list[str]]:
+    """The engines explain traces (per-layer capture) and those it scores instead (teacher-forced top-k logprobs)."""
+    traceable = [n for n in scenario.spec.engines if scenario.description(n).capabilities.traces]
+    scorable = [n for n in scenario.spec.engines if n not in traceable
+                and scenario.description(n).capabilities.scores]
+    return traceable, scorable
+
+
 def floor_dtype(reference_engine: str, dtype: str) -> str | None:
     """The higher precision the reference runs in for the noise floor; None when that engine cannot run it."""
     higher = FLOOR_DTYPE[dtype]
@@ -63,7 +73,10 @@ def floor_dtype(reference_engine: str, dtype: str) -> str | None:
 
 def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None, parallel: int,
                 progress: Progress,
-                on_start: Callable[[list[str], list[str]], None] = lambda names, cases: None) -> ExplainOutcome:
+                on_start: Callable[[list[str], list[str]], None] = lambda names, cases: None,
+                keep_traces: bool = False) -> ExplainOutcome:
+    """Trace the chosen cases in every engine, compare, localise, and write explain/ (keep_traces: every trace
+    whole in the run directory too; by default only what harness.explain.kept_rows keeps)."""
     scenario, run_dir = outcome.scenario, outcome.run_dir
     spec, ref = scenario.spec, scenario.spec.reference
     k = k or spec.explain.k
@@ -79,9 +92,7 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
             continue
         ids = [int(t) for t in (*row["prompt_ids"], *row["token_ids"])]
         requests.append(TraceRequest(case_id=case_id, token_ids=ids, prompt_len=len(row["prompt_ids"])))
-    traceable = [n for n in spec.engines if scenario.description(n).capabilities.traces]
-    scorable = [n for n in spec.engines if n not in traceable
-                and scenario.description(n).capabilities.scores]
+    traceable, scorable = explained_engines(scenario)
     notes += [f"{n}: not traced ({spec.engines[n].engine} engines cannot capture activations): its verdict-level "
               "reasoning is given instead" + (", with its teacher-forced top-k logprobs" if n in scorable else "")
               for n in spec.engines if n not in traceable]
@@ -91,58 +102,34 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
                           f"{spec.engines[ref].engine}: make one of those the reference")
     dtype = spec.engine_dtype(ref)
     high = floor_dtype(spec.engines[ref].engine, dtype)
-    floor_name = f"{ref}@{high}" if high else None
-    plans = [engine_plan(scenario, n, run_dir, requests, op="trace") for n in traceable]
-    plans += [engine_plan(scenario, n, run_dir, requests, op="score", plan_name=n + FORCED) for n in scorable]
-    if high:
-        plans.append(engine_plan(scenario, ref, run_dir, requests, op="trace", dtype=high, plan_name=floor_name))
-    else:
+    if not high:
         notes.append(f"noise floor: {spec.engines[ref].engine} cannot run float64, so the floor is float32's "
                      "rounding unit alone")
-    on_start([p.name for p in plans], [r.case_id for r in requests])
-    outcomes, interrupted = run_engines(plans, parallel, progress)
-    traces = {(name, cid): result for name, o in outcomes.items() for cid, result in o.results.items()}
-    tokenizer = load_tokenizer(models.resolve(spec.model, dtype, str(scenario.path)))
-    decode = lambda token: tokenizer.decode([int(token)])  # noqa: E731
-
-    localisations, per_position, per_point = [], [], []
-    for request in requests:
-        ref_trace = _trace(traces.get((ref, request.case_id)))
-        if ref_trace is None:
-            notes.append(f"{request.case_id}: not explained: the reference's trace failed "
-                         f"({_error(traces.get((ref, request.case_id)))})")
-            continue
-        floor_summary = None
-        floor_trace = _trace(traces.get((floor_name, request.case_id))) if floor_name else None
-        if floor_trace is not None:
-            floor_frame = compare_traces(floor_trace, ref_trace)
-            floor_summary = summarize(floor_frame)
-            per_position.append(floor_frame.assign(case_id=request.case_id, engine=ref, compared_to=floor_name))
-        elif floor_name:
-            notes.append(f"{request.case_id}: no noise floor: {_error(traces.get((floor_name, request.case_id)))}")
-        for name in spec.engines:
-            if name == ref:
-                continue
-            if name not in traceable:
-                forced = traces.get((name + FORCED, request.case_id))
-                localisations.append(untraced(outcome, name, request.case_id, forced, decode))
-                continue
-            result = traces.get((name, request.case_id))
-            loc, frame, points = _explain_engine(outcome, results, steps, request, name, result,
-                                                 traces[(ref, request.case_id)], floor_summary, k, decode)
-            localisations.append(loc)
-            if frame is not None:
-                notes += [f"{request.case_id}: {name}: {note}" for note in frame.attrs.get("notes", [])]
-                per_position.append(frame.assign(case_id=request.case_id, engine=name, compared_to=ref))
-                per_point.append(points.assign(case_id=request.case_id, engine=name))
+    passes = plan_passes(scenario, run_dir, requests, traceable, scorable, high, keep_traces)
+    try:
+        on_start([p.name for p in passes.plans], [r.case_id for r in requests])
+        outcomes, interrupted = run_engines(passes.plans, parallel, progress)
+        traces = {(name, cid): result for name, o in outcomes.items() for cid, result in o.results.items()}
+        tokenizer = load_tokenizer(models.resolve(spec.model, dtype, str(scenario.path)))
+        decode = lambda token: tokenizer.decode([int(token)])  # noqa: E731
+        found = _compare_all(outcome, results, steps, requests, traces, passes.floor_name, k, decode, notes)
+        if passes.scratch is not None and not interrupted:
+            kept = keep_rows(scenario, run_dir, requests, traces, found.per_point, found.localisations,
+                             passes.reference_trace, parallel, progress)
+            notes += kept.notes
+            outcomes.update(kept.outcomes)
+    finally:
+        passes.remove_scratch()
+    localisations, per_position, per_point = found.localisations, found.per_position, found.per_point
     explain_dir = run_dir / "explain"
     explain_dir.mkdir(exist_ok=True)
     if per_position:
         write_parquet(explain_dir / "errors.parquet", pd.concat(per_position, ignore_index=True))
     if per_point:
         write_parquet(explain_dir / "points.parquet", pd.concat(per_point, ignore_index=True))
-    meta = {"k": k, "floor": floor_name or "dtype rounding unit", "cases": [r.case_id for r in requests],
-            "engines": {n: {"load_s": o.load_s, "versions": o.versions} for n, o in outcomes.items()},
+    meta = {"k": k, "floor": passes.floor_name or "dtype rounding unit", "cases": [r.case_id for r in requests],
+            "engines": {n: {"load_s": o.load_s, "model_loads": o.model_loads, "versions": o.versions}
+                        for n, o in outcomes.items()},
             "notes": notes, "localisations": [loc.model_dump() for loc in localisations]}
     write_json(explain_dir / "localisation.json", meta)
     from harness.explain.localisation_report import write_markdown
@@ -151,8 +138,61 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
     return ExplainOutcome(localisations, explain_dir, notes, interrupted)
 
 
+@dataclass
+class Compared:
+    localisations: list[Localisation] = field(default_factory=list)
+    per_position: list[pd.DataFrame] = field(default_factory=list)  # errors.parquet's rows, per engine and case
+    per_point: list[pd.DataFrame] = field(default_factory=list)  # points.parquet's rows, per engine and case
+
+
+def _compare_all(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFrame, requests: list[TraceRequest],
+                 traces: dict[tuple[str, str], Result | TraceResult], floor_name: str | None, k: float, decode,
+                 notes: list[str]) -> Compared:
+    """Every engine against the reference on every case, the noise floor first; notes collects what is missing."""
+    spec, ref = outcome.scenario.spec, outcome.scenario.spec.reference
+    found = Compared()
+    for request in requests:
+        ref_result = traces.get((ref, request.case_id))
+        if _trace(ref_result) is None:
+            notes.append(f"{request.case_id}: not explained: the reference's trace failed ({_error(ref_result)})")
+            continue
+        floor_summary = None
+        floor_result = traces.get((floor_name, request.case_id)) if floor_name else None
+        if isinstance(floor_result, TraceResult) and floor_result.status == "ok":
+            floor_frame = pass_frame(floor_result, ref_result, floor=True)
+            floor_summary = summarize(floor_frame)
+            found.per_position.append(floor_frame.assign(case_id=request.case_id, engine=ref, compared_to=floor_name))
+        elif floor_name:
+            notes.append(f"{request.case_id}: no noise floor: {_error(floor_result)}")
+        for name in spec.engines:
+            if name == ref:
+                continue
+            if not outcome.scenario.description(name).capabilities.traces:
+                forced = traces.get((name + FORCED, request.case_id))
+                found.localisations.append(untraced(outcome, name, request.case_id, forced, decode))
+                continue
+            loc, frame, points = _explain_engine(outcome, results, steps, request, name,
+                                                 traces.get((name, request.case_id)), ref_result, floor_summary, k,
+                                                 decode)
+            found.localisations.append(loc)
+            if frame is not None:
+                notes += [f"{request.case_id}: {name}: {note}" for note in frame.attrs.get("notes", [])]
+                found.per_position.append(frame.assign(case_id=request.case_id, engine=name, compared_to=ref))
+                found.per_point.append(points.assign(case_id=request.case_id, engine=name))
+    return found
+
+
+def pass_frame(result: TraceResult, ref_result: TraceResult, floor: bool = False) -> pd.DataFrame:
+    """Per point and position, a pass against the reference's: from the metrics its engine wrote as it compared
+    (TraceResult.errors), else from both traces, written whole (the floor's: the higher precision is the side
+    compared with)."""
+    trace, ref_trace = Trace(result.path), Trace(ref_result.path)
+    if result.errors:
+        return metrics_frame(Trace(result.errors), ref_trace, trace)
+    return compare_traces(trace, ref_trace) if floor else compare_traces(ref_trace, trace)
+
+
 UNTRACED_CAUSE = {"match": "none", "benign_tie": "near_tie", "hazard": "hazard", "engine_error": "no_trace"}
-FORCED = "@forced"  # plan-name suffix of an untraced engine's teacher-forced scoring pass
 
 
 def untraced(outcome: RunOutcome, name: str, case_id: str, forced: Result | None = None,
@@ -241,7 +281,7 @@ def _explain_engine(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFr
         return (Localisation(case_id=request.case_id, engine=name, reference=ref, cause="no_trace",
                              verdict=f"no trace from {name}: {_error(result)}"),
                 None, None)
-    frame = compare_traces(ref_trace, trace)
+    frame = pass_frame(result, ref_result)
     points = first_out(against_floor(summarize(frame), floor_summary, spec.engine_dtype(ref), k), frame)
     verdict = outcome.verdicts.set_index(["engine", "case_id"]).loc[(name, request.case_id)]
     divergence = None
@@ -255,7 +295,10 @@ def _explain_engine(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFr
     ending = _ending(results, ref, name, request.case_id, verdict) if divergence is None else ""
     loc = localise(points, case_id=request.case_id, engine=name, reference=ref, prompt_equal=prompt_equal,
                    divergence=divergence, nonfinite=nonfinite, fused={ref: ref_trace.fused, name: trace.fused},
-                   param_note=param_note, k=k, decode=decode, ending=ending)
+                   param_note=param_note, k=k, decode=decode, ending=ending,
+                   missing_map="; ".join(dict.fromkeys(filter(None, (t.metadata.get("missing_map", "")
+                                                                     for t in (ref_trace, trace))))),
+                   near_tie=verdict["verdict"] == "benign_tie")
     return loc, frame, points
 
 

@@ -11,28 +11,10 @@ import numpy as np
 import pandas as pd
 
 from harness.core.points import COMPONENT, ordered, parse
-from harness.rundir.traces import Trace, row_chunks
+from harness.rundir.traces import METRICS, Trace, position_metrics, row_chunks
 
 # Relative rounding unit of each dtype: the smallest error a computation in that dtype can be expected to make.
 EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
-METRICS = ("max_abs", "rel_l2", "cosine", "rel_diff")
-
-
-def position_metrics(x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-row metrics of two [positions, width] arrays. Row sums by einsum, which makes no [positions, width]
-    temporaries (half the time of x * x, y * y ... on Gemma 3's 690 x 2048 rows); rel_diff as sum((x-y)^2) /
-    sum(x^2 + y^2), which is 1 - 2 sum(xy) / sum(x^2 + y^2) without its cancellation (that form loses all digits
-    below the rounding unit, where traces of one dtype differ)."""
-    tiny = np.finfo(np.float64).tiny
-    diff = y - x
-    xx, yy, xy, dd = (np.einsum("ij,ij->i", a, b) for a, b in ((x, x), (y, y), (x, y), (diff, diff)))
-    with np.errstate(all="ignore"):
-        return {"max_abs": np.maximum(diff.max(axis=1), -diff.min(axis=1)),
-                "rel_l2": np.sqrt(dd) / np.sqrt(np.maximum(xx, tiny)),
-                "cosine": xy / np.sqrt(np.maximum(xx * yy, tiny)),
-                "rel_diff": dd / np.maximum(xx + yy, tiny)}
-
-
 def compared_width(point: str, x_shape: tuple[int, int], y_shape: tuple[int, int], names: tuple[str, str]) -> int:
     """The columns two traces' tensors of a point are compared over. Logits may differ in width (an engine that
     trims its output layer to the tokenizer's vocabulary): they are compared over the shared token ids, which
@@ -73,6 +55,23 @@ def compare_traces(reference: Trace, other: Trace) -> pd.DataFrame:
                                     **metrics}))
     frame = pd.concat(frames, ignore_index=True)
     frame.attrs["notes"] = notes + missing_maps(reference, other)
+    return frame
+
+
+def metrics_frame(metrics: Trace, *traces: Trace) -> pd.DataFrame:
+    """compare_traces' frame from a pass compared as it was captured (adapters.tracing.comparing_writer): its metrics
+    file (per point a [positions, 4] tensor of METRICS); traces: both sides' (for the maps they were captured
+    with)."""
+    frames = []
+    for point in metrics.points:
+        first, end = metrics.span(point)
+        values = metrics.rows(point, first, end)
+        frames.append(pd.DataFrame({"point": point, "layer": parse(point)[0], "position": np.arange(first, end),
+                                    **{m: values[:, i] for i, m in enumerate(METRICS)}}))
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["point", "layer", "position", *METRICS])
+    notes = [n for n in metrics.metadata.get("compare_notes", "").split("; ") if n]
+    frame.attrs["notes"] = notes + missing_maps(*traces)
     return frame
 
 

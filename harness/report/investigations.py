@@ -57,7 +57,8 @@ def _explain_section(page: Page) -> str:
         if loc.curve:
             layers = [c.layer for c in loc.curve]
             out.append(svg_plot({"error": (layers, [c.error for c in loc.curve]),
-                                 "noise floor": (layers, [c.floor for c in loc.curve])},
+                                 "noise floor": (layers, [c.floor for c in loc.curve]),
+                                 f"threshold ({data.k:g}x the floor)": (layers, [data.k * c.floor for c in loc.curve])},
                                 "residual stream after each layer: relative error (worst position)", xlabel="layer"))
         out.append("</div>")
     return "".join(out)

@@ -14,6 +14,23 @@ CHUNK_BYTES = 64 << 20  # float64 bytes of one side's rows compared at once: a 2
 
 
 NUMPY_DTYPE = {"F32": np.float32, "F64": np.float64, "F16": np.float16}
+METRICS = ("max_abs", "rel_l2", "cosine", "rel_diff")
+
+
+def position_metrics(x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-row metrics of two [positions, width] arrays. Row sums by einsum, which makes no [positions, width]
+    temporaries (half the time of x * x, y * y ... on Gemma 3's 690 x 2048 rows); rel_diff as sum((x-y)^2) /
+    sum(x^2 + y^2), which is 1 - 2 sum(xy) / sum(x^2 + y^2) without its cancellation (that form loses all digits
+    below the rounding unit, where traces of one dtype differ)."""
+    tiny = np.finfo(np.float64).tiny
+    diff = y - x
+    xx, yy, xy, dd = (np.einsum("ij,ij->i", a, b) for a, b in ((x, x), (y, y), (x, y), (diff, diff)))
+    with np.errstate(all="ignore"):
+        return {"max_abs": np.maximum(diff.max(axis=1), -diff.min(axis=1)),
+                "rel_l2": np.sqrt(dd) / np.sqrt(np.maximum(xx, tiny)),
+                "cosine": xy / np.sqrt(np.maximum(xx * yy, tiny)),
+                "rel_diff": dd / np.maximum(xx + yy, tiny)}
+
 
 
 class Trace:
@@ -77,3 +94,34 @@ def row_chunks(rows: int, width: int, budget: int | None = None) -> list[tuple[i
     given; at least one row)."""
     step = max(1, (budget or CHUNK_BYTES) // max(1, width * 8))
     return [(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def trace_file_name(case_id: str) -> str:
+    """The file a case's trace is written to, in an engine's traces folder."""
+    import re
+
+    return f"{re.sub(r'[^A-Za-z0-9_.=,-]+', '_', case_id)}.safetensors"
+
+
+def write_arrays(path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+    """A trace-layout file (safetensors) of [rows, width] float32/float64 arrays, written whole and renamed into
+    place: the per-position metrics of a compared pass, the rows a pruned trace keeps."""
+    import json
+    import os
+    import struct
+
+    names = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64"}
+    header: dict[str, object] = {"__metadata__": metadata}
+    offset = 0
+    for name, array in arrays.items():
+        header[name] = {"dtype": names[array.dtype], "shape": list(array.shape),
+                        "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as file:
+        file.write(struct.pack("<Q", len(encoded)) + encoded)
+        for array in arrays.values():
+            file.write(np.ascontiguousarray(array).tobytes())
+    os.replace(tmp, path)

@@ -11,6 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from harness.rundir.traces import Trace
+
 from helpers import SCENARIOS, ParityRun, parity, write_scenario
 
 pytestmark = pytest.mark.engines
@@ -80,14 +82,34 @@ def test_explain_leaves_traces_and_error_tables(planted: ParityRun) -> None:
     assert len(floor_rows) > 0 and floor_rows.rel_l2.max() < 1e-4  # fp32 vs fp64 of the same model
     n_points = 1 + 30 * 13 + 2  # embeddings, 13 points per layer, final norm, logits
     assert points[points.engine == "v-fault"].point.nunique() == n_points
-    for engine in ("hf", "v-fault", "mlp-fault", "hf@float64"):
-        assert (planted.run_dir / "engines" / engine / "traces" / "story.safetensors").exists()
     summary = (explain_dir / "summary.md").read_text()
     assert "layers.7.v" in summary and "Residual stream after each layer" in summary
     report = parity("report", str(planted.run_dir))
     html = (planted.run_dir / "report.html").read_text()
     assert report.code == 0 and "id='explain'" in html and "layer 7 v leaves the noise floor first" in html
     assert "residual stream after each layer" in html and "id='effective'" in html
+
+
+def test_explain_keeps_the_logits_and_the_first_divergent_layers_rows_and_loads_each_model_once(
+        planted: ParityRun) -> None:
+    """Traces sized to the answer: each engine's kept trace holds its logits rows and, for a faulty copy, the layer it
+    leaves the floor in and the residual stream entering it; the reference's holds those layers for every fault; the
+    float64 floor keeps nothing. Each engine configuration loads its model once in the whole command (the floor's is
+    the one load explain adds)."""
+    kept = {engine: Trace(planted.run_dir / "engines" / engine / "traces" / "story.safetensors")
+            for engine in ("hf", "v-fault", "mlp-fault")}
+    compared = set(pd.read_parquet(planted.run_dir / "explain" / "points.parquet").point)
+    layer = lambda n: {p for p in compared if p.startswith(f"layers.{n}.")}  # noqa: E731
+    assert set(kept["v-fault"].points) == {"logits", "layers.6.residual"} | layer(7)
+    assert set(kept["mlp-fault"].points) == {"logits", "layers.25.residual"} | layer(26)
+    assert set(kept["hf"].points) == {"logits", "layers.6.residual", "layers.25.residual"} | layer(7) | layer(26)
+    assert kept["hf"].shape("layers.7.v")[0] == kept["hf"].shape("layers.7.q")[0] > 10  # every position
+    assert not (planted.run_dir / "engines" / "hf@float64" / "traces" / "story.safetensors").exists()
+    engines = json.loads((planted.run_dir / "explain" / "localisation.json").read_text())["engines"]
+    assert {name: e["model_loads"] for name, e in engines.items()} == {
+        "hf": 0, "v-fault": 0, "mlp-fault": 0, "hf@float64": 1, "v-fault@layers": 0, "mlp-fault@layers": 0}
+    run_loads = {name: e["model_loads"] for name, e in planted.meta["engines"].items()}
+    assert run_loads == {"hf": 1, "v-fault": 1, "mlp-fault": 1}, run_loads
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +171,7 @@ def test_bf16_divergence_is_a_near_tie_and_the_drift_is_located(bf16: ParityRun)
 @pytest.fixture(scope="module")
 def opt(tmp_path_factory) -> ParityRun:
     tmp = tmp_path_factory.mktemp("opt")
-    return parity("explain", str(write_scenario(tmp / "opt.yaml", OPT)), out=tmp / "reports")
+    return parity("explain", str(write_scenario(tmp / "opt.yaml", OPT)), "--keep-traces", out=tmp / "reports")
 
 
 def test_vllm_cpu_runs_opt_and_its_traces_match_hf(opt: ParityRun) -> None:
@@ -160,6 +182,9 @@ def test_vllm_cpu_runs_opt_and_its_traces_match_hf(opt: ParityRun) -> None:
     points = pd.read_parquet(opt.run_dir / "explain" / "points.parquet")
     assert {"layers.1.q", "layers.1.v", "layers.1.attn", "layers.1.up", "layers.1.mlp", "logits"} <= set(points.point)
     assert not points.leaves_floor.any()
+    for engine in ("hf", "vllm", "hf@float64"):  # --keep-traces: every engine's whole trace
+        trace = Trace(opt.run_dir / "engines" / engine / "traces" / "p0.safetensors")
+        assert set(trace.points) >= set(points.point)
 
 
 def test_unknown_case_is_a_one_line_error(tmp_path: Path) -> None:

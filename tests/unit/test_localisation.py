@@ -91,3 +91,55 @@ def test_within_the_floor_an_engine_that_stops_sooner_is_an_ending_not_no_diverg
     loc, _ = localised({"layers.0.q": 1e-9}, ending=ending)
     assert loc.cause == "ending" and loc.verdict.startswith(ending)
     assert localised({"layers.0.q": 1e-9})[0].cause == "none"
+
+
+def test_within_the_floor_the_largest_multiple_is_said_with_its_threshold() -> None:
+    loc, _ = localised({"layers.0.q": 3e-7})  # 2.5x float32's rounding unit
+    assert "every capture point stays below the threshold (10x the floor; largest: layer 0 q at 2.52x the floor)" \
+        in loc.verdict, loc.verdict
+
+
+def logits_only(error: float, **kwargs):
+    """A logits-only trace pair (no per-layer map): its single point, against float32's rounding unit."""
+    summary = pd.DataFrame([{"point": "logits", "layer": 10**6, "error": error, "worst_position": 7, "max_abs": 0.0,
+                             "min_cosine": 1.0, "max_rel_diff": 0.0, "component": "lm_head / logits"}])
+    points = against_floor(summary, None, "float32", 10.0).assign(first_out_position=4)
+    defaults = dict(case_id="c", engine="e", reference="r", prompt_equal=True, divergence=None, nonfinite={},
+                    fused={}, param_note="", k=10.0, decode=lambda t: f"#{t}",
+                    missing_map="no hf architecture map for model type 'codegen'")
+    return localise(points, **{**defaults, **kwargs})
+
+
+def test_a_logits_only_answer_names_no_component_and_says_it_cannot_localise() -> None:
+    """Only the logits were captured: nothing inside the model was measured, so nothing there is named or said to
+    agree."""
+    loc = logits_only(0.00767)
+    assert loc.cause == "logits" and loc.out_of_floor["first_position"] == 4
+    assert loc.verdict.startswith("the logits differ beyond the noise floor from position 4: relative error 0.00767 "
+                                  "is 6.43e+04x the floor (1.19e-07), above the threshold (10x the floor)")
+    assert "the generated tokens agree" in loc.verdict
+    assert "only the logits were compared (no hf architecture map for model type 'codegen'), so where inside the " \
+           "model the difference starts cannot be localised" in loc.verdict
+    for claim in ("Candidate cause", "inputs agree", "lm_head"):
+        assert claim not in loc.verdict, loc.verdict
+    within = logits_only(3e-7)
+    assert within.cause == "none" and within.verdict.startswith(
+        "the logits stay within the noise floor: relative error 3e-07 is 2.52x the floor (1.19e-07), below the "
+        "threshold (10x the floor)")
+
+
+def test_a_logits_only_divergence_says_whether_it_was_a_near_tie() -> None:
+    divergence = Divergence(step=2, ref_token=5, engine_token=6, ref_top=[5, 6], ref_margin=0.01, engine_top=[6, 5],
+                            engine_margin=0.01, ref_took_argmax=True, engine_took_argmax=True, position=9,
+                            forced_ref_top=[5, 6], forced_ref_margin=0.01, forced_engine_top=[6, 5],
+                            forced_engine_margin=0.01)
+    assert "; a near-tie; only the logits" in logits_only(0.01, divergence=divergence, near_tie=True).verdict
+    assert "; not a near-tie; only the logits" in logits_only(0.01, divergence=divergence).verdict
+
+
+def test_the_error_curve_line_says_its_largest_multiple_against_the_threshold() -> None:
+    from harness.explain.localisation_report import curve_line
+
+    curve = [{"layer": 0, "error": 1e-6, "floor": 1e-6}, {"layer": 1, "error": 3.4e-6, "floor": 1e-6}]
+    assert curve_line(curve, 10.0).endswith("(max 3.4x the floor, below the threshold (10x the floor))")
+    assert curve_line(curve, 2.0).endswith("(max 3.4x the floor, above the threshold (2x the floor))")

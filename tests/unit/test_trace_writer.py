@@ -95,3 +95,38 @@ def test_a_failed_write_is_raised_to_the_capture_and_the_trace_discarded(tmp_pat
         writer.close({})
     writer.discard()
     assert not path.exists() and not writer.data_path.exists()
+
+
+def test_a_pass_compared_as_it_is_captured_writes_the_metrics_a_full_comparison_finds(tmp_path) -> None:
+    """The comparing writer (a pass held against the reference's trace while captured) gives, per point and position,
+    the metrics compare_traces computes from both whole traces, keeps only the rows asked for, and compares the
+    logits over the columns both have."""
+    from adapters.tracing.comparing_writer import ComparingWriter
+    from harness.explain.trace_diff import compare_traces, metrics_frame
+
+    generator = torch.Generator().manual_seed(0)
+    rows = {"embeddings": torch.randn(6, 4, generator=generator), "layers.0.q": torch.randn(6, 8, generator=generator),
+            "logits": torch.randn(6, 10, generator=generator)}
+    reference = TraceWriter(tmp_path / "ref.safetensors", torch.float32)
+    whole = TraceWriter(tmp_path / "other-whole.safetensors", torch.float32)
+    noisy = {name: tensor + 1e-3 * torch.randn(tensor.shape, generator=generator) for name, tensor in rows.items()}
+    noisy["logits"] = noisy["logits"][:, :9]  # an engine that trims its vocabulary
+    for name, tensor in rows.items():
+        reference.add(name, tensor)
+    reference.close({"engine": "ref"})
+    compared = ComparingWriter(tmp_path / "other.safetensors", torch.float32, tmp_path / "ref.safetensors",
+                               keep={"logits"})
+    for name, tensor in noisy.items():
+        whole.add(name, tensor)
+        for start in range(0, 6, 4):  # in chunks, as chunked prefill delivers them
+            compared.append(name, tensor[start:start + 4])
+    whole.close({"engine": "other"})
+    assert compared.close({"engine": "other"}) == ["embeddings", "layers.0.q", "logits"]
+    expected = compare_traces(Trace(tmp_path / "ref.safetensors"), Trace(tmp_path / "other-whole.safetensors"))
+    got = metrics_frame(Trace(tmp_path / "other.errors.safetensors"), Trace(tmp_path / "other.safetensors"))
+    key = ["point", "position"]
+    pd_testing = pytest.importorskip("pandas.testing")
+    pd_testing.assert_frame_equal(got.sort_values(key).reset_index(drop=True),
+                                  expected.sort_values(key).reset_index(drop=True))
+    assert Trace(tmp_path / "other.safetensors").points == ["logits"]  # only the kept point's rows
+    assert "compared over the 9 token ids" in " ".join(got.attrs["notes"])

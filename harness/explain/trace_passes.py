@@ -1,0 +1,92 @@
+"""The traced passes of `parity explain`, planned so that the traces cost what the answer needs.
+
+The reference traces each case in full (every point, every position) into a scratch folder, in memory where the
+machine has room (/dev/shm), deleted when the explain ends. Every other traced engine, and the reference in higher
+precision (the noise floor), waits for the reference's trace of a case (EnginePlan.after) and compares its own pass
+with it as it is captured (TraceRequest.against, adapters.tracing.comparing_writer): it writes per-position metrics
+and the logits rows only, into the scratch folder too. The run directory then gets the answer's tables and a pruned
+trace per engine (harness.explain.kept_rows). A Gemma 3 pass of 1,500 positions is 1.45 GB of rows in float32, 2.9
+GB in float64; compared, it is a few megabytes.
+
+--keep-traces keeps everything (each trace whole in the run directory, as the engines capture it). On an executor
+whose workers may not see this machine's files (Ray), the traces are written whole and compared here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from harness.core.types import TraceRequest
+from harness.executors import choice
+from harness.plan.plans import EnginePlan, engine_plan
+from harness.rundir.traces import trace_file_name
+from harness.scenario.spec import LoadedScenario
+
+RAM_FOLDER = Path("/dev/shm")
+RAM_NEEDED = 4 << 30  # free bytes a RAM folder must have to hold the scratch traces (else they go to the run dir)
+FORCED = "@forced"  # plan-name suffix of an untraced engine's teacher-forced scoring pass
+
+
+@dataclass
+class TracePasses:
+    plans: list[EnginePlan]
+    floor_name: str | None
+    scratch: Path | None  # where the passes write, removed afterwards; None: the engines' traces folders
+    compared: bool  # the engines compared with the reference's trace as they captured (else here, afterwards)
+
+    def reference_trace(self, reference: str, case_id: str) -> Path | None:
+        """Where the reference's full trace of a case is, in the scratch folder (None: in its traces folder)."""
+        return self.scratch / reference / trace_file_name(case_id) if self.scratch else None
+
+    def remove_scratch(self) -> None:
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def scratch_folder(run_dir: Path) -> Path:
+    """A new folder for the passes' transient files: in memory (/dev/shm) when it has room, else in the run
+    directory (deleted all the same)."""
+    try:
+        stats = os.statvfs(RAM_FOLDER)
+        room = stats.f_bavail * stats.f_frsize >= RAM_NEEDED and os.access(RAM_FOLDER, os.W_OK)
+    except OSError:
+        room = False
+    parent = RAM_FOLDER if room else run_dir / "explain"
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="llm-parity-traces-", dir=parent))
+
+
+def plan_passes(scenario: LoadedScenario, run_dir: Path, requests: list[TraceRequest], traceable: list[str],
+                scorable: list[str], floor_dtype: str | None, keep_traces: bool) -> TracePasses:
+    """The plans of explain's passes: the traceable engines', the scorable ones' (teacher-forced top-k logprobs),
+    and the noise floor's (the reference in floor_dtype)."""
+    ref = scenario.spec.reference
+    compared = choice.current().name == "local"
+    scratch = scratch_folder(run_dir) if compared and not keep_traces else None
+    floor_name = f"{ref}@{floor_dtype}" if floor_dtype else None
+    passes = TracePasses([], floor_name, scratch, compared)
+
+    def against(name: str, keep: list[str] | None) -> list[TraceRequest]:
+        if not compared:
+            return requests
+        return [r.model_copy(update={"against": str(passes.reference_trace(ref, r.case_id) or
+                                                     run_dir / "engines" / ref / "traces" / trace_file_name(r.case_id)),
+                                     "keep": None if keep_traces else keep,
+                                     "trace_dir": str(scratch / name) if scratch else None}) for r in requests]
+
+    ref_requests = [r.model_copy(update={"trace_dir": str(scratch / ref)}) for r in requests] if scratch else requests
+    passes.plans.append(engine_plan(scenario, ref, run_dir, ref_requests, op="trace"))
+    for name in traceable:
+        if name != ref:
+            plan = engine_plan(scenario, name, run_dir, against(name, ["logits"]), op="trace")
+            passes.plans.append(replace(plan, after=ref) if compared else plan)
+    passes.plans += [engine_plan(scenario, n, run_dir, requests, op="score", plan_name=n + FORCED) for n in scorable]
+    if floor_dtype and floor_name:
+        plan = engine_plan(scenario, ref, run_dir, against(floor_name, []), op="trace", dtype=floor_dtype,
+                           plan_name=floor_name)
+        passes.plans.append(replace(plan, after=ref) if compared else plan)
+    return passes
