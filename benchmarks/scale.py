@@ -15,7 +15,11 @@ prepare_s + write_s over the cases) and its peak RSS (run.json); then the whole 
 side. Medians of --repeats at counts up to 256, one run above.
 
 Usage: python benchmarks/scale.py [--counts 16,256,1024] [--engines vllm,vllm-server,llama.cpp,hf] [--repeats 3]
-       [--tokens 32] [--threads 1] [--no-whole | --whole-only] [--together]
+       [--tokens 32] [--threads 1] [--no-whole | --whole-only] [--together] [--same-kind]
+--same-kind runs only two engines of one kind (vLLM, and vLLM with prefix caching off: two configurations) in one
+`parity run`, against two plain vLLM scripts side by side, each side started right after another command (every core
+kept busy for BUSY_S first, which leaves the 1-minute load average high): the harness must run them side by side
+when the machine is idle now, not queue them behind a lagging average (issue 56: target <= 1.1x).
 --together runs an engine's plain script and its `parity run` at the same time (each on its own cores: 2 x threads
 needed), so both see the same machine; the one that finishes first leaves the other the machine to itself for the
 rest, which favours the slower side. The whole run always runs its two sides one after the other.
@@ -139,7 +143,10 @@ print("RESULT " + json.dumps({"main_at": main_at, "imports_s": imported - main_a
                               "generate_s": done - loaded}), flush=True)
 """,
 }
-SCENARIO_ENGINE = {"vllm": "{engine: vllm}", "vllm-server": "{engine: vllm-server}",
+PLAIN["vllm-b"] = PLAIN["vllm"].replace("seed=0)", "seed=0, enable_prefix_caching=False)")
+BUSY_S = 30  # --same-kind: how long every core is kept busy before each side starts
+SCENARIO_ENGINE = {"vllm": "{engine: vllm}", "vllm-b": "{engine: vllm, options: {prefix_caching: false}}",
+                   "vllm-server": "{engine: vllm-server}",
                    "llama.cpp": "{engine: llama.cpp, options: {gguf: f32}}",
                    "hf": "{engine: hf, options: {batched: true}}"}
 
@@ -243,10 +250,26 @@ def phases(rows: list[dict], engine: str) -> str:
     return ", ".join(f"{k[:-2]} {statistics.median(r[engine][k] for r in rows):.1f}" for k in keys) + summed
 
 
-def compare(label: str, engines: list[str], run_plain, run_parity, repeats: int, together: bool) -> None:
+def busy(seconds: float) -> None:
+    """Another command just before: every core spinning for `seconds` (the load average then reads the machine busy
+    for a minute after it is idle again)."""
+    spin = "import time\nend = time.monotonic() + float(__import__('sys').argv[1])\nwhile time.monotonic() < end: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", spin, str(seconds)]) for _ in range(os.cpu_count() or 1)]
+    for proc in procs:
+        proc.wait()
+    print(f"  (every core busy for {seconds:.0f} s just before; load average now {os.getloadavg()[0]:.2f})",
+          flush=True)
+
+
+def compare(label: str, engines: list[str], run_plain, run_parity, repeats: int, together: bool,
+            after_busy: float = 0.0) -> None:
     """Each repeat runs the two sides one after the other (alternating which goes first) or, `together`, at the same
-    time: the machine's speed, which drifts here, is then the same for both."""
+    time: the machine's speed, which drifts here, is then the same for both. after_busy: each side starts right
+    after every core was busy that long."""
     rows: dict[str, list[dict]] = {"plain": [], "parity": []}
+    if after_busy:
+        run_plain, run_parity = (lambda i, run=run_plain: (busy(after_busy), run(i))[1],
+                                 lambda i, run=run_parity: (busy(after_busy), run(i))[1])
     for i in range(repeats):
         if together:
             with ThreadPoolExecutor(2) as pool:
@@ -284,7 +307,12 @@ def main() -> None:
     parser.add_argument("--whole-only", action="store_true", help="only the whole run, no engine alone")
     parser.add_argument("--together", action="store_true",
                         help="an engine alone: its plain script and parity at the same time, each on its own cores")
+    parser.add_argument("--same-kind", action="store_true",
+                        help="only two vLLM configurations in one run against two plain vLLM scripts side by "
+                             "side, each side right after another command")
     args = parser.parse_args()
+    if args.same_kind:
+        args.engines, args.whole_only = "vllm,vllm-b", True
     if args.together and 2 * args.threads > (os.cpu_count() or 1):
         parser.error(f"--together needs 2 x {args.threads} threads of cores, this machine has {os.cpu_count()}")
     engines = args.engines.split(",")
@@ -313,7 +341,7 @@ def main() -> None:
                 work = Path(tmp) / f"{count}-{'-'.join(group)}"
                 compare(label, group, lambda i, g=group, a=plain_args, w=work: plain(g, *a, w / f"plain-{i}"),
                         lambda i, f=file, g=group, w=work, c=count: parity(f, g, w / f"parity-{i}", c),
-                        repeats, together=args.together and len(group) == 1)
+                        repeats, together=args.together and len(group) == 1, after_busy=BUSY_S if args.same_kind else 0)
 
 
 if __name__ == "__main__":

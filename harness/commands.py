@@ -104,9 +104,9 @@ def explain_all_and_print(scenarios: list[LoadedScenario], out: Path, selection:
     scores stay loaded from their run to their passes (harness.executors.worker_pool): no model loads twice."""
     from harness.executors.choice import kept_loaded, release_loaded
     from harness.explain.orchestrate import explained_engines
-    from harness.plan.plans import engine_load_key
+    from harness.explain.trace_passes import loads_reused
 
-    keys = {id(s): [engine_load_key(s, n) for names in explained_engines(s) for n in names] for s in scenarios}
+    keys = {id(s): loads_reused(s, *explained_engines(s)) for s in scenarios}
     with kept_loaded(k for each in keys.values() for k in each):
         outcomes = run_all_and_print(scenarios, out, selection, parallel)
         codes = []

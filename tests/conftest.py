@@ -32,3 +32,19 @@ SLOWEST_FIRST = ("test_gemma3_workflow.py", "test_servers.py", "test_ray.py", "t
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # a stable sort: every other file keeps its place
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Beside --durations' slowest tests: each test file's total (setup, call and teardown of its tests), slowest
+    first, so a file's shared engine start shows with the tests that use it."""
+    totals: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                path = report.nodeid.split("::")[0]
+                totals[path] = totals.get(path, 0.0) + report.duration
+    if not totals:
+        return
+    terminalreporter.write_sep("=", f"test files by time (of {sum(totals.values()):.0f} s in all)")
+    for path, seconds in sorted(totals.items(), key=lambda kv: -kv[1])[:25]:
+        terminalreporter.write_line(f"{seconds:8.1f}s {path}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -107,20 +108,32 @@ class EosForbidden:
 class Engine:
     def __init__(self, setup: EngineSetup):
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         self.name, self.options, self.dtype, self.workdir = setup.name, Options(**setup.options), setup.dtype, \
             setup.workdir
         self.torch = torch
-        self.tokenizer = AutoTokenizer.from_pretrained(setup.model_path)
-        self.tokenizer.padding_side = "left"
+        self.model_path = setup.model_path
         self.model = AutoModelForCausalLM.from_pretrained(
             setup.model_path, dtype=getattr(torch, setup.dtype), attn_implementation=self.options.attn_implementation)
         self.model.eval()
         apply_patch(self.options.patch, self.model)
         self.capture: Capture | None = None  # hooks attached on the first trace: idle outside a traced pass
         self.eos_ids = set(self._as_list(self.model.generation_config.eos_token_id))
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
+
+    @functools.cached_property
+    def tokenizer(self) -> Any:
+        """Loaded when first generating, not for a traced pass (Gemma 3's takes 4.5 s: the noise floor's engine only
+        traces)."""
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        tokenizer.padding_side = "left"
+        return tokenizer
+
+    @functools.cached_property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
 
     @staticmethod
     def _as_list(value) -> list[int]:

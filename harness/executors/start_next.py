@@ -41,7 +41,9 @@ def next_to_start(waiting: list[Startable], running: Iterable[Startable], pool: 
                   parallel_set: bool) -> Startable | None:
     """The waiting run (in start order) to start in a free slot; None: leave the slot free until a run ends."""
     unstarted = {run.plan.name for run in waiting}
-    waiting = [run for run in waiting if getattr(run.plan, "after", None) not in unstarted]  # its dependency first
+    unfinished = unstarted | {run.plan.name for run in running}
+    waiting = [run for run in waiting  # its dependency first (or done)
+               if run.plan.after not in (unfinished if run.plan.after_done else unstarted)]
     if not waiting:
         return None
     if pool is None:

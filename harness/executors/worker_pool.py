@@ -3,10 +3,11 @@
 Two ways a finished plan's worker serves again:
 - still loaded: a later plan of the same configuration (EnginePlan.load_key: the run's engine tracing its cases for
   `parity explain`, a drift pass, the reference's logits pass for `parity transplant`) takes the engine as loaded
-  (Engine.reuse), with no model load at all. A command says beforehand which configurations it will need again
-  (expect); only those stay loaded while idle, so an engine nobody will ask for again does not hold its memory (or a
-  server its port) for the rest of the command. A patched engine is kept this way too: the patch is part of its
-  configuration, so only its own later plans take it.
+  (Engine.reuse), with no model load at all. A command says beforehand which configurations it will need again and
+  how many more times (expect); only those stay loaded while idle, each later plan that takes one counting one use
+  off, so an engine nobody will ask for again does not hold its memory (or a server its port) for the rest of the
+  command. A patched engine is kept this way too: the patch is part of its configuration, so only its own later
+  plans take it. Where memory is short (memory_tight), nothing stays loaded.
 - unloaded: an engine whose description allows it (EngineDescription.worker_reuse: HF, in-process vLLM) leaves no
   process-wide state behind once closed, so its worker can load the next engine of its kind (EnginePlan.reuse_key):
   on a small model most of a worker's start is importing torch and the engine package (5-6 s of CPU for HF, 8-10 s
@@ -18,6 +19,7 @@ back.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -35,11 +37,12 @@ class Idle:
 class WorkerPool:
     def __init__(self) -> None:
         self.idle: list[Idle] = []
-        self.expected: set[tuple] = set()  # configurations a later plan of the command will ask for
+        self.expected: Counter = Counter()  # configuration -> how many later plans of the command will take it
         self.lock = threading.Lock()
 
     def expect(self, keys: Iterable[tuple | None]) -> None:
-        """Configurations (load keys) a later plan of this command will need: their workers stay loaded when idle."""
+        """Configurations (load keys) later plans of this command will need, a key once per plan: their workers stay
+        loaded when idle until those plans have taken them."""
         with self.lock:
             self.expected.update(k for k in keys if k is not None)
 
@@ -50,10 +53,12 @@ class WorkerPool:
         with self.lock:
             for entry in self._alive():
                 if plan.load_key is not None and entry.loaded == plan.load_key:
+                    if self.expected[plan.load_key] > 0:
+                        self.expected[plan.load_key] -= 1  # one expected use, taken
                     return self._taken(entry, plan, loaded=True)
             if plan.reuse_key is None:
                 return None
-            for entry in sorted(self._alive(), key=lambda e: e.loaded in self.expected):
+            for entry in sorted(self._alive(), key=lambda e: self.expected[e.loaded] > 0):
                 if entry.reuse_key == plan.reuse_key and self._may_unload(entry, plan, wanted()):
                     return self._taken(entry, plan, loaded=False)
         return None
@@ -68,7 +73,8 @@ class WorkerPool:
             return True
         if held in wanted:
             return False
-        return not (held in self.expected and plan.load_key is not None and held.model_path == plan.load_key.model_path)
+        return not (self.expected[held] > 0 and plan.load_key is not None and
+                    held.model_path == plan.load_key.model_path)
 
     def _alive(self) -> list[Idle]:
         self.idle = [e for e in self.idle if e.worker.process is not None and e.worker.process.poll() is None]
@@ -95,7 +101,7 @@ class WorkerPool:
         if not isinstance(worker, WorkerHandle):
             return False
         reuse_key = None if plan.leaves_state else plan.reuse_key
-        if plan.load_key is not None and plan.load_key in self.expected and not memory_tight():
+        if plan.load_key is not None and self.expected[plan.load_key] > 0 and not memory_tight():
             entry = Idle(worker, reuse_key, plan.load_key)
         elif reuse_key is not None:
             try:
@@ -110,12 +116,12 @@ class WorkerPool:
         return True
 
     def release(self, keys: Iterable[tuple | None]) -> None:
-        """These configurations are not needed again: their idle workers unload (or stop, where none of another
-        configuration could use them)."""
-        keys = {k for k in keys if k is not None}
+        """The uses expect() announced for these keys are over, taken or not: the idle workers of configurations no
+        longer expected unload (or stop, where none of another configuration could use them)."""
         with self.lock:
-            self.expected -= keys
-            held = [e for e in self.idle if e.loaded in keys]
+            self.expected.subtract(k for k in keys if k is not None)
+            self.expected = +self.expected  # counts at or below zero dropped
+            held = [e for e in self.idle if e.loaded is not None and self.expected[e.loaded] <= 0]
             for entry in held:
                 entry.loaded = None
             stop = [e for e in held if e.reuse_key is None]

@@ -68,6 +68,7 @@ class EnginePlan:
     # the plan whose results for the same cases this one's requests need first (a pass compared with the reference's
     # trace as it is captured): its worker may start and load meanwhile, each batch waits for those results
     after: str | None = None
+    after_done: bool = False  # it starts only once `after` has finished (to take the worker that plan leaves)
 
     @property
     def fed_in_pieces(self) -> bool:

@@ -172,8 +172,10 @@ def run_pending(pending: list[PendingRun], parallel: int | None, progress: Progr
 
 
 def _drift_keys(scenario: LoadedScenario) -> list[tuple]:
-    """The configurations the drift verdicts' logits passes run after the run (each drifting engine and its
-    baseline): they stay loaded from their run to those passes."""
+    """The configurations the drift verdicts' logits passes run after the run, once per pass (harness.run.
+    drift_passes: each drifting engine on its baseline's texts, each baseline on its own): they stay loaded from
+    their run to those passes."""
     spec = scenario.spec
-    pairs = [(n, spec.drift_baseline(n)) for n in spec.engines if spec.drift_baseline(n) in spec.engines]
-    return [engine_load_key(scenario, name) for name in dict.fromkeys(n for pair in pairs for n in pair)]
+    pairs = {n: spec.drift_baseline(n) for n in spec.engines if spec.drift_baseline(n) in spec.engines}
+    passes = dict.fromkeys([(b, b) for b in pairs.values()] + list(pairs.items()))
+    return [engine_load_key(scenario, engine) for engine, _ in passes]

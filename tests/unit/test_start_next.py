@@ -16,7 +16,7 @@ HF, VLLM = ("hf",), ("vllm",)
 
 def run(name: str, key: tuple | None, pieces: bool = False, leaves_state: bool = False) -> SimpleNamespace:
     plan = SimpleNamespace(name=name, reuse_key=key, threads=1, fed_in_pieces=pieces, leaves_state=leaves_state,
-                           load_key=None)
+                           load_key=None, after=None, after_done=False)
     return SimpleNamespace(plan=plan)
 
 

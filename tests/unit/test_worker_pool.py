@@ -103,3 +103,15 @@ def test_with_memory_tight_nothing_stays_loaded(tmp_path: Path, idle_worker, mon
     pool.expect([key("/m")])
     pool.give(plan(tmp_path, key("/m")), idle_worker())
     assert not pool.holds(key("/m"))
+
+
+def test_each_expected_use_is_counted_off_when_taken(tmp_path: Path, idle_worker) -> None:
+    """Expected once: the plan that takes the loaded engine uses that up, and its worker, given back, unloads (the
+    noise floor then loads in the reference's worker, unloaded after its trace)."""
+    pool, worker = WorkerPool(), idle_worker()
+    pool.expect([key("/m")])
+    pool.give(plan(tmp_path, key("/m")), worker)
+    assert pool.take(plan(tmp_path, key("/m"))) == (worker, True)
+    pool.give(plan(tmp_path, key("/m")), worker)
+    assert not pool.holds(key("/m"))
+    assert pool.take(plan(tmp_path, key("/m", dtype="float64"))) == (worker, False)
