@@ -112,11 +112,11 @@ def scenario_data(draw) -> dict:
         op = draw(st.sampled_from(["set", "set", "delete", "unknown", "huge", "duplicate", "empty"]))
         path = draw(st.sampled_from(SLOTS))
         if op == "set":
-            _set(data, path, draw(VALUES))
+            _set(data, path, copy.deepcopy(draw(VALUES)))  # a copy: a later op may edit it in place
         elif op == "delete":
             _delete(data, path)
         elif op == "unknown":
-            _set(data, path[:-1] + (draw(st.text(min_size=1, max_size=12)),), draw(VALUES))
+            _set(data, path[:-1] + (draw(st.text(min_size=1, max_size=12)),), copy.deepcopy(draw(VALUES)))
         elif op == "huge":
             _set(data, draw(st.sampled_from([("prompts",), ("grid", "top_k"), ("grid", "seed"), ("grid", "top_p"),
                                              ("prompts", 2, "token_ids")])),
@@ -125,7 +125,7 @@ def scenario_data(draw) -> dict:
             prompts = data.get("prompts")
             data["prompts"] = [*(prompts if isinstance(prompts, list) else []), {"id": "chat", "text": "again"}]
         else:
-            _set(data, path, draw(st.sampled_from([[], {}, "", None])))
+            _set(data, path, copy.deepcopy(draw(st.sampled_from([[], {}, "", None]))))
     return data
 
 
