@@ -13,6 +13,13 @@
 # About 10 minutes of GPU time in all (lmdeploy's pipeline loads in 35-60 s, its api_server in 70-85 s). If a run
 # answers "COLD MACHINE", the machine was given back between commands: start again at run 1. Outputs go to $OUT
 # (or gpu-out/ when unset): logs, run directories without traces, and summary.txt.
+#
+# The vLLM part (scripts/gpu/vllm_part.sh: vLLM 0.25.1 on CUDA against HF, float16 and bfloat16, eager and CUDA
+# graphs, one explain per dtype), on its own machine time:
+#
+#   scripts/gpu_check.sh prepare-vllm   # here: gpu-carry/vllm/1..4, the plan printed, the parts checked
+#   scripts/gpu_check.sh run vllm 1     # there, carrying gpu-carry/vllm/1; then run vllm 2, 3, 4 carrying theirs
+#   scripts/gpu_check.sh run vllm 5     # at once, carrying nothing: bfloat16 and vllm-summary.txt
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -121,8 +128,18 @@ run3() {
   python3 scripts/gpu/summary.py "$STATE/reports" | tee "$OUT/summary.txt"
 }
 
+# shellcheck source=scripts/gpu/vllm_part.sh
+source "$ROOT/scripts/gpu/vllm_part.sh"
+
 case "${1:-}" in
   prepare) prepare ;;
-  run) case "${2:-}" in 1) run1 ;; 2) run2 ;; 3) run3 ;; *) echo "usage: $0 run 1|2|3" >&2; exit 2 ;; esac ;;
-  *) echo "usage: $0 prepare | run 1|2|3" >&2; exit 2 ;;
+  prepare-vllm) prepare_vllm ;;
+  verify-vllm) verify_vllm_parts ;;
+  run) case "${2:-}" in
+         1) run1 ;; 2) run2 ;; 3) run3 ;;
+         vllm) [[ "${3:-}" =~ ^[0-9]+$ ]] || { echo "usage: $0 run vllm N" >&2; exit 2; }
+               if [ -d "$VLLM_CARRY/$3" ]; then run_vllm_part "$3"; else run_vllm_last; fi ;;
+         *) echo "usage: $0 run 1|2|3 | run vllm N" >&2; exit 2 ;;
+       esac ;;
+  *) echo "usage: $0 prepare | run 1|2|3 | prepare-vllm | verify-vllm | run vllm N" >&2; exit 2 ;;
 esac

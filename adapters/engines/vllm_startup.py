@@ -7,7 +7,10 @@ from __future__ import annotations
 
 
 def lighten_vllm_startup() -> None:
-    """Call before vllm.LLM(...). Each change names the vLLM 0.32 code it replaces."""
+    """Call before vllm.LLM(...). Each change names the vLLM 0.32 code it replaces (and is in 0.25.1, the CUDA build
+    the GPU check runs). The model-inspection subprocess stays where CUDA is: it keeps CUDA out of the engine's
+    process until vLLM initialises it itself."""
+    import torch
     from vllm.model_executor.models import registry
     from vllm.renderers import hf as renderers
 
@@ -16,7 +19,8 @@ def lighten_vllm_startup() -> None:
     # machine, the first time each architecture runs on a fresh machine (every time in a fresh CI container). On CPU
     # there is no CUDA to protect, and the worker imports the model's module anyway: it inspects the class itself, and
     # vLLM caches the result as before (its server, started later, reads that cache).
-    registry._run_in_subprocess = lambda inspect: inspect()
+    if not torch.cuda.is_available():
+        registry._run_in_subprocess = lambda inspect: inspect()
     # The renderer deep-copies the tokenizer twice into a pool for threads rendering requests at once (an API
     # server's); a worker tokenizes and detokenizes in its one thread. Gemma 3's 262k-entry tokenizer: 3.3 s a copy.
     renderers.maybe_make_thread_pool = lambda tokenizer, copies=1: tokenizer

@@ -2,7 +2,8 @@
 parity (false divergences), the server path giving per-step logprobs, pipeline-vs-server defaults, and what the
 fp16 temperature hazard did on this device.
 
-Usage: python scripts/gpu/summary.py REPORTS
+Usage: python scripts/gpu/summary.py REPORTS [--vllm] (--vllm: the vLLM part's runs: greedy verdicts per dtype, eager
+and CUDA graphs, and each explain's first divergent layer and component)
 """
 
 from __future__ import annotations
@@ -69,6 +70,22 @@ def hazard(reports: Path) -> list[str]:
     return lines
 
 
+def explained(reports: Path, scenario: str) -> list[str]:
+    """An explain's answer per engine: the first point that leaves the noise floor (layer and component), or why
+    none does."""
+    run = latest(reports, scenario, needs="explain/localisation.json")
+    if run is None:
+        return [f"{scenario} explain: not run"]
+    data = json.loads((run / "explain" / "localisation.json").read_text())
+    lines = []
+    for loc in data["localisations"]:
+        out = loc.get("out_of_floor") or {}
+        where = f"first out of the floor: {out['point']} ({out['cause']}), {out['ratio']:.3g}x the floor" if out \
+            else "no point out of the floor"
+        lines.append(f"{scenario} explain {loc['case_id']} {loc['engine']}: {loc['cause']}; {where}")
+    return lines
+
+
 def main() -> int:
     reports = Path(sys.argv[1])
     any_run = next((p for p in sorted(reports.glob("*")) if (p / "run.json").exists()), None)
@@ -76,11 +93,16 @@ def main() -> int:
         print(f"no run directories under {reports}")
         return 1
     meta = read_meta(any_run)
-    versions = {k: v for e in meta.engines.values() for k, v in e.versions.items() if k in ("lmdeploy", "torch",
-                                                                                              "gpu", "cuda")}
+    versions = {k: v for e in meta.engines.values() for k, v in e.versions.items() if k in ("lmdeploy", "vllm",
+                                                                                              "torch", "gpu", "cuda")}
     print(f"== GPU check summary ({', '.join(f'{k} {v}' for k, v in versions.items())})")
-    for line in [*greedy(reports, "gpu-greedy-fp16"), *greedy(reports, "gpu-greedy-bf16"), *defaults(reports),
-                 *hazard(reports)]:
+    if "--vllm" in sys.argv:
+        parts = [*greedy(reports, "gpu-vllm-fp16"), *explained(reports, "gpu-vllm-fp16"),
+                 *greedy(reports, "gpu-vllm-bf16"), *explained(reports, "gpu-vllm-bf16")]
+    else:
+        parts = [*greedy(reports, "gpu-greedy-fp16"), *greedy(reports, "gpu-greedy-bf16"), *defaults(reports),
+                 *hazard(reports)]
+    for line in parts:
         print(line)
     return 0
 
