@@ -22,6 +22,7 @@ from adapters.contract import (
     request_knobs,
     top_k_of,
 )
+from adapters.engines.hf_kwargs import as_list, decode_text, generate_kwargs
 from adapters.tracing.arch_maps import ArchMap
 from adapters.tracing.capture import LOGITS_SLICE, Capture, run_traces
 from harness.core.points import layer_point, parse
@@ -79,8 +80,22 @@ def translate(params: SamplingParams) -> Translation:
         native["min_new_tokens"] = params.max_new_tokens  # HF has no ignore_eos: forbid EOS until the end
     if params.stop:
         native["stop_strings"] = list(params.stop)
+        if params.include_stop_str_in_output is False:
+            warnings.append("include_stop_str_in_output=False NOT APPLIED: HF generate ends after the token that "
+                            "completes a stop string and keeps it: its text ends with the stop string")
     if params.seed is not None:
         native["torch_manual_seed"] = params.seed
+    if params.no_repeat_ngram_size is not None:  # unset: the model's generation_config.json may set it
+        native["no_repeat_ngram_size"] = params.no_repeat_ngram_size
+    if params.logit_bias:
+        native["sequence_bias"] = {(token,): bias for token, bias in params.logit_bias.items()}
+    for harness_side in ("stop_token_ids", "bad_words"):  # become generate() kwargs with the model's tokenizer
+        if getattr(params, harness_side):
+            native[harness_side] = list(getattr(params, harness_side))
+    native["skip_special_tokens"] = True if params.skip_special_tokens is None else params.skip_special_tokens
+    if params.spaces_between_special_tokens:
+        warnings.append("spaces_between_special_tokens=True NOT APPLIED: a fast (tokenizers) HF tokenizer's decode "
+                        "never puts spaces between special tokens")
     if params.num_beams:  # HF's own beam search; length_penalty and early_stopping unset: generation config decides
         native.update(num_beams=params.num_beams, num_return_sequences=params.beams_returned)
         native.update({n: getattr(params, n) for n in ("length_penalty", "early_stopping")
@@ -119,7 +134,7 @@ class Engine:
         self.model.eval()
         apply_patch(self.options.patch, self.model)
         self.capture: Capture | None = None  # hooks attached on the first trace: idle outside a traced pass
-        self.eos_ids = set(self._as_list(self.model.generation_config.eos_token_id))
+        self.eos_ids = set(as_list(self.model.generation_config.eos_token_id))
 
     @functools.cached_property
     def tokenizer(self) -> Any:
@@ -134,10 +149,6 @@ class Engine:
     @functools.cached_property
     def pad_id(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
-
-    @staticmethod
-    def _as_list(value) -> list[int]:
-        return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
 
     def versions(self) -> dict[str, str]:
         import transformers
@@ -170,11 +181,9 @@ class Engine:
     def _generate_batch(self, batch: list[Request]) -> Iterator[Result]:
         torch = self.torch
         translation = self.translate(batch[0].params, batch[0].top_logprobs)
-        kwargs = {k: v for k, v in translation.native_params.items() if k != "torch_manual_seed"}
+        kwargs = generate_kwargs(translation.native_params, self.eos_ids, self.tokenizer)
         if "torch_manual_seed" in translation.native_params:
             torch.manual_seed(translation.native_params["torch_manual_seed"])
-        if "stop_strings" in kwargs:
-            kwargs["tokenizer"] = self.tokenizer
         width = max(len(r.prompt_ids) for r in batch)
         if kwargs.get("min_new_tokens") and self.eos_ids:  # the same rule as HF's, applied without its cost
             kwargs["logits_processor"] = [EosForbidden(sorted(self.eos_ids), width, kwargs.pop("min_new_tokens"))]
@@ -198,7 +207,7 @@ class Engine:
             top_values, top_ids = top_k_of(row_lp, k)
             chosen = row_lp.gather(-1, generated[row, :n, None]).squeeze(-1).tolist()
             yield Result(case_id=request.case_id, engine=self.name, status="ok", prompt_ids=request.prompt_ids,
-                         token_ids=ids[:n], text=self.tokenizer.decode(ids[:n], skip_special_tokens=True),
+                         token_ids=ids[:n], text=decode_text(self.tokenizer, ids[:n], translation.native_params),
                          finish_reason=finish, chosen_logprobs=chosen, top_ids=top_ids, top_logprobs=top_values,
                          native_params=translation.native_params, warnings=translation.warnings,
                          timings={"generate_s": elapsed / len(batch), "batch_size": len(batch)})
@@ -210,7 +219,8 @@ class Engine:
 
         torch = self.torch
         translation = self.translate(request.params, request.top_logprobs)
-        kwargs = {k: v for k, v in translation.native_params.items() if k not in ("torch_manual_seed", "stop_strings")}
+        kwargs = generate_kwargs(translation.native_params, self.eos_ids, self.tokenizer)
+        kwargs.pop("stop_strings", None), kwargs.pop("tokenizer", None)
         prompt = torch.tensor([request.prompt_ids])
         started = time.perf_counter()
         if self.options.prompt_lookup:  # drafting works on one sequence at a time
@@ -238,10 +248,9 @@ class Engine:
         from adapters.engines.hf_beams import generate_beams
 
         translation = translate(request.params)
-        extra = {"tokenizer": self.tokenizer} if "stop_strings" in translation.native_params else {}
         started = time.perf_counter()
         beams = generate_beams(self.model, request.prompt_ids, translation.native_params, self.pad_id, self.eos_ids,
-                               lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True), **extra)
+                               self.tokenizer)
         best = beams[0]
         return Result(case_id=request.case_id, engine=self.name, status="ok", prompt_ids=request.prompt_ids,
                       token_ids=best.token_ids, text=best.text, finish_reason=best.finish_reason, beams=beams,
@@ -249,10 +258,11 @@ class Engine:
                       timings={"generate_s": time.perf_counter() - started})
 
     def _trim(self, ids: list[int], params: SamplingParams) -> tuple[int, str]:
-        """Generated length up to and including the first EOS (batched rows are padded after it)."""
+        """Generated length up to and including the first EOS or stop token id (batched rows are padded after it)."""
+        ends = self.eos_ids | set(params.stop_token_ids or [])
         if not params.ignore_eos:
             for i, token in enumerate(ids):
-                if token in self.eos_ids and i + 1 >= (params.min_new_tokens or 0):
+                if token in ends and i + 1 >= (params.min_new_tokens or 0):
                     return i + 1, "stop"
         if params.stop and len(ids) < params.max_new_tokens:
             return len(ids), "stop"

@@ -8,20 +8,19 @@ and HF's own final score (sequences_scores: the sum divided by the generated len
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
+from adapters.engines.hf_kwargs import as_list, decode_text, generate_kwargs
 from harness.core.types import Beam
-
-NOT_GENERATE_KWARGS = ("torch_manual_seed",)  # adapter bookkeeping, not a generate() argument
 
 
 def generate_beams(model: Any, prompt_ids: list[int], native: dict[str, Any], pad_id: int, eos_ids: set[int],
-                   decode: Callable[[list[int]], str], **extra: Any) -> list[Beam]:
+                   tokenizer: Any, **extra: Any) -> list[Beam]:
     """Run HF's beam search for one prompt with the adapter's native kwargs; the returned beams, best first."""
     import torch
 
-    kwargs = {k: v for k, v in native.items() if k not in NOT_GENERATE_KWARGS}
+    kwargs = generate_kwargs(native, eos_ids, tokenizer)
+    ends = set(eos_ids) | set(native.get("stop_token_ids") or [])
     prompt = torch.tensor([prompt_ids])
     with torch.inference_mode():
         out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), pad_token_id=pad_id,
@@ -34,7 +33,8 @@ def generate_beams(model: Any, prompt_ids: list[int], native: dict[str, Any], pa
         logprobs = steps[row, :length].tolist()
         beams.append(Beam(token_ids=ids, logprobs=logprobs, cum_logprob=sum(logprobs),
                           score=float(out.sequences_scores[row]),
-                          finish_reason="stop" if ids and ids[-1] in eos_ids else "length", text=decode(ids)))
+                          finish_reason="stop" if ids and ids[-1] in ends else "length",
+                          text=decode_text(tokenizer, ids, native)))
     return beams
 
 
@@ -64,20 +64,14 @@ def oracle_search(oracle: Any, prompt_ids: list[int], native: dict[str, Any], to
         rows = [oracle.logits(row.tolist()) for row in input_ids]
         return CausalLMOutputWithPast(logits=torch.stack(rows)[:, None, :])
 
-    eos_ids = set(_as_list(model.generation_config.eos_token_id))
+    eos_ids = set(as_list(model.generation_config.eos_token_id))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
-    extra = {"tokenizer": tokenizer} if "stop_strings" in native else {}
     saved = model.__dict__.get("forward")  # a forward set on the instance (a hook) comes back afterwards
     model.forward = answer
     try:
-        return generate_beams(model, prompt_ids, native, pad, eos_ids,
-                              lambda ids: tokenizer.decode(ids, skip_special_tokens=True), use_cache=False, **extra)
+        return generate_beams(model, prompt_ids, native, pad, eos_ids, tokenizer, use_cache=False)
     finally:
         if saved is None:
             del model.forward
         else:
             model.forward = saved
-
-
-def _as_list(value: Any) -> list[int]:
-    return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]

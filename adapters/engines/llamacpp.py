@@ -119,7 +119,32 @@ def translate(params: SamplingParams, last_n_tokens: int = 64) -> Translation:
         native["seed"] = params.seed
     if params.ignore_eos:
         native["ignore_eos"] = True  # generation goes on past an end-of-generation token
+    native.update({name: value for name in CLIENT_SIDE if (value := getattr(params, name)) is not None})
+    warnings += [f"{name}={value} NOT APPLIED: {NOT_APPLIED[name]}" for name in NOT_APPLIED
+                 if (value := getattr(params, name)) not in (None, 0, False)]
+    if params.include_stop_str_in_output is False and params.stop:
+        warnings.append("include_stop_str_in_output=False NOT APPLIED: the adapter ends on the token that completes "
+                        "a stop string and keeps it, as llama-cpp-python's generate() loop leaves it")
     return Translation(native_params=native, warnings=warnings)
+
+
+# params applied around llama-cpp-python's generate() loop, as its create_completion() does (logit_bias through a
+# logits processor) or as a client's loop does (stop token ids, the detokeniser's special tokens)
+CLIENT_SIDE = ("stop_token_ids", "logit_bias", "skip_special_tokens")
+NOT_APPLIED = {
+    "no_repeat_ngram_size": "llama.cpp has no n-gram ban (its DRY sampler penalises repeats instead)",
+    "bad_words": "llama-cpp-python has no bad-words ban (a GBNF grammar or logit_bias on single tokens can do it)",
+    "spaces_between_special_tokens": "llama.cpp's detokeniser puts no spaces between special tokens",
+}
+
+
+def bias_processor(bias: dict[int, float]) -> Any:
+    """llama-cpp-python's logit_bias rule (create_completion): each biased token's score plus its bias."""
+    def add_bias(input_ids: Any, scores: Any) -> Any:
+        for token, value in bias.items():
+            scores[token] += value
+        return scores
+    return add_bias
 
 
 GENERATE_KWARGS = ("temp", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "frequency_penalty",
@@ -213,12 +238,16 @@ class Engine:
         if "seed" in native:
             llm.set_seed(native["seed"])
         kwargs = {k: native[k] for k in GENERATE_KWARGS}
+        if native.get("logit_bias"):
+            kwargs["logits_processor"] = [bias_processor(native["logit_bias"])]
+        stop_ids = set(native.get("stop_token_ids") or [])
         tokens: list[int] = []
         finish = "length"
         started = time.perf_counter()
         for token in llm.generate(request.prompt_ids, **kwargs):
             tokens.append(int(token))
-            if not native.get("ignore_eos") and self.llama_cpp.llama_vocab_is_eog(self.vocab, token):
+            if token in stop_ids or (not native.get("ignore_eos")
+                                     and self.llama_cpp.llama_vocab_is_eog(self.vocab, token)):
                 finish = "stop"
                 break
             if native.get("stop") and any(s in self._text(tokens) for s in native["stop"]):
@@ -233,13 +262,14 @@ class Engine:
         top = top_k_ids(logprobs, k)
         rows = np.arange(len(tokens))
         return Result(case_id=request.case_id, engine=self.name, status="ok", prompt_ids=request.prompt_ids,
-                      token_ids=tokens, text=self._text(tokens), finish_reason=finish,
+                      token_ids=tokens, text=self._text(tokens, native.get("skip_special_tokens", True)),
+                      finish_reason=finish,
                       chosen_logprobs=logprobs[rows, tokens].tolist(), top_ids=top.tolist(),
                       top_logprobs=np.take_along_axis(logprobs, top, axis=-1).tolist(),
                       native_params=native, warnings=translation.warnings, timings={"generate_s": elapsed})
 
-    def _text(self, tokens: list[int]) -> str:
-        return self.llm.detokenize(tokens).decode("utf-8", errors="replace")
+    def _text(self, tokens: list[int], skip_special_tokens: bool = True) -> str:
+        return self.llm.detokenize(tokens, special=not skip_special_tokens).decode("utf-8", errors="replace")
 
     def trace(self, requests: list[TraceRequest]) -> Iterator[TraceResult]:
         """Teacher forcing: each sequence evaluated in one batch, logits at every position, capture points through

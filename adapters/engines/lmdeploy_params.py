@@ -46,4 +46,22 @@ def translate(params: SamplingParams, top_logprobs: int = 5, defaults: Defaults 
         native["random_seed"] = params.seed
     if params.stop:
         native["stop_words"] = list(params.stop)
+    native.update({name: value for name in SAME_NAMED if (value := getattr(params, name)) is not None})
+    warnings += [f"{name}={value} NOT APPLIED: {why}" for name, why in NOT_APPLIED.items()
+                 if (value := getattr(params, name)) not in (None, 0, False)]
+    if params.bad_words:
+        warnings.append(f"bad_words={params.bad_words}: lmdeploy bans every single token whose text contains a word "
+                        "(Tokenizer.indexes_containing_token), not the word's token sequence (HF, vLLM)")
+    if params.include_stop_str_in_output and params.stop:
+        warnings.append("include_stop_str_in_output=True NOT APPLIED: the pipeline's GenerationConfig has no such "
+                        "field (its api_server's /generate has)")
     return Translation(native_params=native, warnings=warnings)
+
+
+# canonical params lmdeploy's GenerationConfig takes under the same name and meaning (bad_words: another rule)
+SAME_NAMED = ("stop_token_ids", "bad_words", "skip_special_tokens", "spaces_between_special_tokens")
+NOT_APPLIED = {
+    "no_repeat_ngram_size": "lmdeploy has no n-gram ban (its repetition_ngram_size ends a generation that repeats, "
+                            "it bans nothing)",
+    "logit_bias": "lmdeploy's GenerationConfig has no logit_bias (only custom logits_processors)",
+}

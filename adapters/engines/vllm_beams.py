@@ -14,6 +14,7 @@ CARRIED = {"num_beams": "beam_width", "max_new_tokens": "max_tokens", "ignore_eo
 WHY_NOT = {
     "early_stopping": "vLLM's beam search has no early stopping: it runs to max_tokens and keeps every finished "
                       "beam",
+    "no_repeat_ngram_size": "vLLM has no n-gram ban, in beam search or elsewhere",
     "num_return_sequences": "vLLM returns beam_width beams (on its server n is the beam width); the comparison "
                             "uses the best {value}",
 }
@@ -26,9 +27,9 @@ def not_applied(params: SamplingParams) -> list[str]:
     """A NOT APPLIED warning for each param the scenario set that vLLM's beam search does not take."""
     warnings = []
     for name, value in params.set_fields().items():
-        if name in CARRIED or name in GREEDY_IRRELEVANT or name == "do_sample" or \
+        if name in CARRIED or name in GREEDY_IRRELEVANT or name in ("do_sample", "skip_special_tokens") or \
                 (name == "num_return_sequences" and value == params.num_beams):
-            continue  # greedy-irrelevant params are warned about already (decoding is greedy)
+            continue  # greedy-irrelevant params are warned about already; the adapter decodes the beams' text
         why = WHY_NOT.get(name, f"vLLM's beam search takes only {', '.join(CARRIED)}").format(value=value)
         warnings.append(f"{name}={value} NOT APPLIED: {why}")
     return warnings

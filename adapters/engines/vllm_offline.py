@@ -115,7 +115,21 @@ def translate(params: SamplingParams, top_logprobs: int = 5) -> Translation:
         native["seed"] = params.seed
     if params.stop:
         native["stop"] = list(params.stop)
-    return Translation(native_params=native, warnings=greedy_ignored(params))
+    native.update({name: value for name in SAME_NAMED if (value := getattr(params, name)) is not None})
+    return Translation(native_params=native, warnings=greedy_ignored(params) + ngram_not_applied(params))
+
+
+# canonical params vLLM's SamplingParams takes under the same name and meaning
+SAME_NAMED = ("stop_token_ids", "include_stop_str_in_output", "logit_bias", "bad_words", "skip_special_tokens",
+              "spaces_between_special_tokens")
+
+
+def ngram_not_applied(params: SamplingParams) -> list[str]:
+    """vLLM has no n-gram ban (its users write a logits processor of their own)."""
+    if not params.no_repeat_ngram_size:
+        return []
+    return [f"no_repeat_ngram_size={params.no_repeat_ngram_size} NOT APPLIED: vLLM has no n-gram ban (neither "
+            "SamplingParams nor its server's request take one)"]
 
 
 def speculative_not_applied(params: SamplingParams, speculative: dict[str, Any] | None) -> list[str]:
@@ -318,7 +332,8 @@ class Engine:
                                       score=score(request.prompt_ids, ids, sequence.cum_logprob, eos,
                                                   params.length_penalty),
                                       finish_reason="stop" if ids and ids[-1] == eos else "length",
-                                      text=self.llm.get_tokenizer().decode(ids, skip_special_tokens=True)))
+                                      text=self.llm.get_tokenizer().decode(
+                                          ids, skip_special_tokens=request.params.skip_special_tokens is not False)))
                 yield Result(case_id=request.case_id, engine=self.name, status="ok", prompt_ids=request.prompt_ids,
                              token_ids=beams[0].token_ids, text=beams[0].text, finish_reason=beams[0].finish_reason,
                              beams=beams, native_params=translation.native_params, warnings=translation.warnings,

@@ -63,7 +63,7 @@ def translate(params: SamplingParams, dialect: Dialect, top_logprobs: int, endpo
         elif how == "rejects":
             warnings.append(f"{name}={value} NOT APPLIED: the {dialect.name} server has no such field")
         else:
-            body[OPENAI_FIELDS.get(name) or dialect.extra_fields[name]] = value
+            body[OPENAI_FIELDS.get(name) or dialect.extra_fields[name]] = json_value(name, value)
     if defaults == "canonical":  # unset truncation means none; a server whose own default is not neutral is told
         for name in (*TRUNCATION, *PENALTIES):
             wanted = name in dialect.nonneutral or (name in TRUNCATION and not params.greedy)
@@ -75,7 +75,8 @@ def translate(params: SamplingParams, dialect: Dialect, top_logprobs: int, endpo
             elif name in dialect.defaults:
                 warnings.append(f"{name} unset: the {dialect.name} server's default applies ({dialect.defaults[name]})")
     if endpoint == "generate":  # the server's native endpoint: token ids in and out, its own field set
-        body.update(return_logprob=True, top_logprobs_num=top_logprobs, skip_special_tokens=False)
+        body.update(return_logprob=True, top_logprobs_num=top_logprobs)
+        body.setdefault("skip_special_tokens", False)  # the text of every id, unless the scenario says
         for field in [f for f in body if f not in dialect.generate_fields]:
             warnings.append(f"{field}={body.pop(field)} NOT APPLIED: the {dialect.name} server's native /generate "
                             "endpoint has no such field")
@@ -86,6 +87,11 @@ def translate(params: SamplingParams, dialect: Dialect, top_logprobs: int, endpo
         body["logprobs"] = top_logprobs
     body.update(dialect.token_id_fields)
     return Translation(native_params=body, warnings=warnings)
+
+
+def json_value(name: str, value: Any) -> Any:
+    """A param's value as the request's JSON carries it: logit_bias is keyed by token ids written as strings."""
+    return {str(token): bias for token, bias in value.items()} if name == "logit_bias" else value
 
 
 def _parse_completions_choice(choice: dict[str, Any], out: Completion) -> None:

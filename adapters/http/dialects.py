@@ -70,7 +70,9 @@ DIALECTS: dict[str, Dialect] = {
     "vllm": Dialect(
         "vllm", "vLLM OpenAI server (python -m vllm.entrypoints.openai.api_server)",
         extra_fields={"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty",
-                      "ignore_eos": "ignore_eos", "min_new_tokens": "min_tokens"},
+                      "ignore_eos": "ignore_eos", "min_new_tokens": "min_tokens",
+                      **{name: name for name in ("stop_token_ids", "include_stop_str_in_output", "bad_words",
+                                                 "skip_special_tokens", "spaces_between_special_tokens")}},
         defaults={"temperature": "1.0, or the model's generation_config.json (--generation-config auto)",
                   "top_k": "off", "top_p": 1.0, "max_new_tokens": 16},
         token_id_prompts=True,
@@ -87,8 +89,10 @@ DIALECTS: dict[str, Dialect] = {
     "lmdeploy": Dialect(
         "lmdeploy", "lmdeploy api_server (0.18)",
         extra_fields={"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty",
-                      "ignore_eos": "ignore_eos"},
-        ignores=frozenset({"frequency_penalty", "presence_penalty"}),
+                      "ignore_eos": "ignore_eos",
+                      **{name: name for name in ("stop_token_ids", "include_stop_str_in_output",
+                                                 "skip_special_tokens", "spaces_between_special_tokens")}},
+        ignores=frozenset({"frequency_penalty", "presence_penalty", "logit_bias"}),
         defaults={"temperature": 0.8, "top_k": 50, "top_p": 1.0, "do_sample": "always true on the server",
                   "repetition_penalty": "1.0, over generated tokens only (never the prompt)"},
         notes="temperature 0 becomes top_k=1; token-level comparison uses its native /generate (token ids in and "
@@ -98,7 +102,8 @@ DIALECTS: dict[str, Dialect] = {
         no_logprobs={"completions": "lmdeploy's api_server (0.18) answers /v1/completions with logprobs: null"},
         generate_fields=frozenset({"max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                                    "ignore_eos", "stop", "return_logprob", "top_logprobs_num",
-                                   "skip_special_tokens"}),
+                                   "skip_special_tokens", "stop_token_ids", "include_stop_str_in_output",
+                                   "spaces_between_special_tokens"}),
         sampling=SamplingCode("adapters.sampling.lmdeploy", {"mode": "server", "generation_config": "auto"}),
         in_flight=128, in_flight_note="its engine's max_batch_size (lmdeploy 0.18's default outside the largest GPUs)"),
     "llamacpp": Dialect(
@@ -125,7 +130,9 @@ DIALECTS: dict[str, Dialect] = {
     "sglang": Dialect(
         "sglang", "SGLang OpenAI-compatible server",
         extra_fields={"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty",
-                      "ignore_eos": "ignore_eos", "min_new_tokens": "min_tokens"},
+                      "ignore_eos": "ignore_eos", "min_new_tokens": "min_tokens",
+                      **{name: name for name in ("stop_token_ids", "skip_special_tokens",
+                                                 "spaces_between_special_tokens")}},
         defaults={"temperature": 1.0, "top_k": "off", "top_p": 1.0},
         token_id_prompts=True, sampling=SamplingCode("adapters.sampling.dialect", {"dialect": "sglang"})),
     "generic": Dialect(

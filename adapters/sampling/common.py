@@ -66,6 +66,25 @@ class Recorder:
                 "hazards": list(self.hazards.values())}
 
 
+def sent_fields(params: Any, taken: tuple[str, ...], skip_default: bool | None = True,
+                stop_included: bool | None = False) -> dict[str, Any]:
+    """The constraint and detokenisation settings (Effective's fields) of an engine that takes the `taken` params
+    as the request sets them: one it does not take is None (no such knob); unset skip_special_tokens is the
+    engine's default, and include_stop_str_in_output (only meaningful with stop strings) its rule."""
+    def value(name: str, default: Any = None) -> Any:
+        given = getattr(params, name)
+        return (default if given is None else given) if name in taken else None
+
+    skip = value("skip_special_tokens", skip_default)
+    return {"stop_token_ids": value("stop_token_ids"), "no_repeat_ngram_size": value("no_repeat_ngram_size"),
+            "logit_bias": value("logit_bias"), "bad_words": None, "skip_special_tokens": skip,
+            "include_stop_str_in_output": (value("include_stop_str_in_output", stop_included)
+                                           if "include_stop_str_in_output" in taken else stop_included)
+            if params.stop or skip is False else None,
+            "spaces_between_special_tokens": None if skip is not False
+            else value("spaces_between_special_tokens", True)}
+
+
 # generation_config.json keys that change no generated token (ids used for padding or the prompt, bookkeeping)
 INERT_KEYS = frozenset({"bos_token_id", "pad_token_id", "decoder_start_token_id", "transformers_version",
                         "_from_model_config", "use_cache", "return_dict_in_generate", "output_attentions",

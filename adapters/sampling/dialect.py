@@ -9,10 +9,11 @@ from pathlib import Path
 
 from adapters.http.client import translate as request_body
 from adapters.http.dialects import DIALECTS
-from adapters.sampling.common import REQUEST, settings_table
+from adapters.sampling.common import REQUEST, sent_fields, settings_table
 from harness.core.types import Effective
-from harness.core.vocabulary import OPENAI_FIELDS, SHAPING, SamplingParams
+from harness.core.vocabulary import CONSTRAINTS, DETOKENISATION, OPENAI_FIELDS, SHAPING, SamplingParams
 
+SOURCES = ("adapters.http.client", "adapters.http.dialects")  # modules the answers also depend on (cache key)
 NO_TRANSPLANT = "no sampler code to run here: the server's sampler is not installed (parity transplant needs it)"
 SERVER_DECIDES = "the server decides"
 
@@ -41,6 +42,9 @@ def effective(model_path: Path, params: SamplingParams, dtype: str, dialect: str
         repetition_penalty=values["repetition_penalty"], repetition_scope=SERVER_DECIDES,
         frequency_penalty=values["frequency_penalty"], presence_penalty=values["presence_penalty"],
         max_new_tokens=sent.get("max_tokens"), seed=sent.get("seed"), logits_dtype=SERVER_DECIDES,
+        **sent_fields(params, tuple(n for n in (*CONSTRAINTS, *DETOKENISATION, "stop_token_ids",
+                                                 "include_stop_str_in_output") if spoken.handling(n) == "honours"),
+                      skip_default=None, stop_included=None),
         processors=[SERVER_DECIDES], sources=sources, notes=notes,
         extra=settings_table(model_path, lambda key, value: ("unknown", f"{SERVER_DECIDES}: its own code may or "
                                                                         "may not read the model's file")))

@@ -43,9 +43,10 @@ def _version(distribution: str) -> str:
 
 def cache_key(module: Any, kwargs: dict[str, Any], model_path: str, dtype: str, params: SamplingParams) -> str:
     model = Path(model_path)
-    # the module's source and that of the modules it declares its answers depend on (SOURCES: the adapter's
-    # translation, beam-search knowledge), so an edit to any of them is never answered from an old entry
-    files = [Path(m.__file__) for m in (module, *map(importlib.import_module, getattr(module, "SOURCES", ())))]
+    # the module's source, the shared helpers and Effective's fields, and the modules it declares its answers depend
+    # on (SOURCES: the adapter's translation, beam-search knowledge): an edit to any is never answered from an old entry
+    depends = ("adapters.sampling.common", "harness.core.types", *getattr(module, "SOURCES", ()))
+    files = [Path(m.__file__) for m in (module, *map(importlib.import_module, depends))]
     parts = {
         "source": hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest(),
         "kwargs": kwargs, "dtype": dtype, "params": params.model_dump(mode="json"), "model": str(model),

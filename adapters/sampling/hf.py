@@ -12,14 +12,16 @@ from typing import Any
 
 from adapters.engines.hf import translate
 from adapters.engines.hf_beams import effective_fields, oracle_search
+from adapters.engines.hf_kwargs import as_list, generate_kwargs
 from adapters.sampling.common import DEFAULT, settings_table, source_of
 from harness.core.types import Effective
 from harness.core.vocabulary import BEAM, BEAM_OPTIONS, GREEDY_IRRELEVANT, SHAPING, SamplingParams
 
 DISTRIBUTIONS = ("transformers",)
-SOURCES = ("adapters.engines.hf", "adapters.engines.hf_beams")  # modules the answers also depend on (cache key)
+# modules the answers also depend on (cache key)
+SOURCES = ("adapters.engines.hf", "adapters.engines.hf_beams", "adapters.engines.hf_kwargs")
 # the fields whose source (request or file) is reported
-SOURCED = (*SHAPING, "max_new_tokens", "min_new_tokens", *BEAM)
+SOURCED = (*SHAPING, "max_new_tokens", "min_new_tokens", *BEAM, "no_repeat_ngram_size")
 
 
 @lru_cache(maxsize=4)
@@ -35,21 +37,39 @@ def meta_model(model_path: Path) -> Any:
     return model
 
 
-def _generate_kwargs(native: dict[str, Any]) -> dict[str, Any]:
-    """The adapter's native params minus what is not a generation-config field."""
-    return {k: v for k, v in native.items() if k not in ("torch_manual_seed", "stop_strings")}
+@lru_cache(maxsize=4)
+def tokenizer_of(model_path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
 
 
-def merged_config(model: Any, native: dict[str, Any]) -> Any:
-    config, _ = model._prepare_generation_config(None, **_generate_kwargs(native))
+def merged_config(model: Any, native: dict[str, Any], model_path: Path) -> Any:
+    """The generation config generate() merges from the adapter's kwargs (a tokenizer is loaded only where bad words
+    need one), the model's generation_config.json and HF's defaults."""
+    tokenizer = tokenizer_of(model_path) if native.get("bad_words") else None
+    kwargs = generate_kwargs(native, as_list(model.generation_config.eos_token_id), tokenizer)
+    kwargs.pop("tokenizer", None), kwargs.pop("stop_strings", None)
+    config, _ = model._prepare_generation_config(None, **kwargs)
     return config
+
+
+def request_fields(config: Any, native: dict[str, Any], model_eos: list[int]) -> dict[str, Any]:
+    """The constraint and detokenisation settings generate() and the adapter's decode will use."""
+    skip = native.get("skip_special_tokens", True)
+    bias = {seq[0]: value for seq, value in (config.sequence_bias or {}).items() if len(seq) == 1}
+    return {"stop_token_ids": [t for t in as_list(config.eos_token_id) if t not in model_eos] or None,
+            "include_stop_str_in_output": True if native.get("stop_strings") or not skip else None,
+            "no_repeat_ngram_size": config.no_repeat_ngram_size or 0, "logit_bias": bias or None,
+            "bad_words": config.bad_words_ids, "skip_special_tokens": skip,
+            "spaces_between_special_tokens": None if skip else False}
 
 
 def effective(model_path: Path, params: SamplingParams, dtype: str) -> Effective:
     native = translate(params).native_params
     try:
         model = meta_model(model_path)
-        config = merged_config(model, native)
+        config = merged_config(model, native, model_path)
         config.validate()  # what generate() does: errors raise, minor issues only warn
     except ValueError as exc:
         return Effective.refused("hf", str(exc).splitlines()[0])
@@ -62,6 +82,7 @@ def effective(model_path: Path, params: SamplingParams, dtype: str) -> Effective
     beam = effective_fields(config) if config.num_beams > 1 else {}
     return Effective(
         decoding="beam search" if beam else "sampling" if sampling else "greedy", **beam,
+        **request_fields(config, native, as_list(model.generation_config.eos_token_id)),
         temperature=config.temperature if sampling else None, top_k=config.top_k if sampling else None,
         top_p=config.top_p if sampling else None, min_p=config.min_p if sampling else None,
         repetition_penalty=config.repetition_penalty,
@@ -125,7 +146,7 @@ def transplant(model_path: Path, params: SamplingParams, logits: Any, token_ids:
 
     native = translate(params).native_params
     model = meta_model(model_path)
-    config = merged_config(model, native)
+    config = merged_config(model, native, model_path)
     chain = processors(model, config, token_ids[:prompt_len])
     for step in range(logits.shape[0]):
         context = torch.tensor([token_ids[: prompt_len + step]])

@@ -20,11 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from adapters.sampling.common import REQUEST, settings_table
+from adapters.sampling.common import REQUEST, sent_fields, settings_table
 from harness.core.types import Effective
 from harness.core.vocabulary import GREEDY_IRRELEVANT, NEUTRAL, SamplingParams
 
 DISTRIBUTIONS = ("llama-cpp-python",)
+SOURCES = ("adapters.engines.llamacpp", "adapters.http.client", "adapters.http.dialects")  # (cache key)
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # struct llama_token_data
 SERVER_DEFAULT = "server default (llama_cpp.server's request model)"
 # canonical param -> the _init_sampler keyword that carries it
@@ -77,6 +78,11 @@ def _vocab(model_path: Path) -> int:
     return int(json.loads((Path(model_path) / "config.json").read_text())["vocab_size"])
 
 
+# the constraint and detokenisation params each mode takes (library: around llama-cpp-python's generate() loop, as
+# the llamacpp adapter applies them; server: llama-cpp-python's server's request fields)
+TAKEN = {"library": ("stop_token_ids", "logit_bias", "skip_special_tokens"), "server": ("logit_bias",)}
+
+
 def effective(model_path: Path, params: SamplingParams, dtype: str, mode: str = "library", last_n_tokens: int = 64,
               defaults: str = "canonical", gguf: str | None = None) -> Effective:
     kwargs, sources = sampler_kwargs(params, mode, last_n_tokens, defaults)
@@ -98,6 +104,7 @@ def effective(model_path: Path, params: SamplingParams, dtype: str, mode: str = 
         repetition_scope=f"the last {last_n_tokens} generated tokens",
         frequency_penalty=kwargs["frequency_penalty"], presence_penalty=kwargs["presence_penalty"],
         max_new_tokens=params.max_new_tokens, seed=params.seed, logits_dtype="float32", processors=names,
+        **sent_fields(params, TAKEN[mode], stop_included=True),
         sources={name: sources[KEYWORDS[name]] for name in KEYWORDS} | {"max_new_tokens": REQUEST},
         notes=notes,
         extra=settings_table(model_path, lambda key, value: _applies(model_path, gguf, key, value)))

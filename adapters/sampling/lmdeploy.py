@@ -15,12 +15,13 @@ from typing import Any
 from adapters.engines.lmdeploy_params import Defaults, translate
 from adapters.http.client import translate as request_body
 from adapters.http.dialects import DIALECTS
-from adapters.sampling.common import DEFAULT, MODEL_JSON, REQUEST, settings_table
+from adapters.sampling.common import DEFAULT, MODEL_JSON, REQUEST, sent_fields, settings_table
 from harness.core.types import Effective
 from harness.core.vocabulary import SHAPING, SamplingParams
 
 FIELDS = tuple(n for n in SHAPING if n not in ("frequency_penalty", "presence_penalty"))  # lmdeploy has neither
 DISTRIBUTIONS = ("lmdeploy",)
+SOURCES = ("adapters.engines.lmdeploy_params", "adapters.http.client", "adapters.http.dialects")  # (cache key)
 SERVER_LOGPROBS_MODE = "raw_logprobs"  # what the harness starts lmdeploy's api_server with
 # Ranges lmdeploy enforces beyond the canonical ones (api_server check_request; GenerationConfig asserts the same),
 # for the harness's preflight; tests check them against lmdeploy's own validation.
@@ -83,6 +84,13 @@ def _checked(build, sent: dict[str, Any]) -> Any:
         raise ValueError("GenerationConfig refused the params (an assertion without a message)") from exc
 
 
+# the constraint and detokenisation params each mode takes as the canonical vocabulary means them (bad_words: lmdeploy
+# bans single tokens containing a word, another rule; include_stop_str_in_output: the server's /generate only)
+TAKEN = {"pipeline": ("stop_token_ids", "skip_special_tokens", "spaces_between_special_tokens"),
+         "server": ("stop_token_ids", "skip_special_tokens", "spaces_between_special_tokens",
+                    "include_stop_str_in_output")}
+
+
 def effective(model_path: Path, params: SamplingParams, dtype: str, mode: str = "pipeline",
               defaults: Defaults = "canonical", generation_config: str = "auto") -> Effective:
     """generation_config: the server's --generation-config (auto: the model's generation_config.json)."""
@@ -112,6 +120,8 @@ def effective(model_path: Path, params: SamplingParams, dtype: str, mode: str = 
         repetition_scope="generated tokens only",
         frequency_penalty=None, presence_penalty=None, max_new_tokens=config.max_new_tokens,
         min_new_tokens=config.min_new_tokens or 0, seed=config.random_seed if params.seed is not None else None,
+        **{**sent_fields(params, TAKEN[mode], stop_included=False if mode == "server" else None),
+           "bad_words": [[t] for t in sorted(config.bad_token_ids or [])] if params.bad_words else None},
         logits_dtype=dtype, processors=steps, sources=sources, notes=notes,
         extra=settings_table(model_path, lambda key, value: _applies(config, server_defaults, key)))
 

@@ -88,8 +88,32 @@ def effective(model_path: Path, params: SamplingParams, dtype: str, mode: str = 
         repetition_scope="prompt and output tokens",
         frequency_penalty=vllm_params.frequency_penalty, presence_penalty=vllm_params.presence_penalty,
         max_new_tokens=vllm_params.max_tokens, min_new_tokens=vllm_params.min_tokens, seed=vllm_params.seed,
+        **request_fields(vllm_params, model_path),
         logits_dtype="float32", processors=steps, sources=sources, notes=notes,
         extra=settings_table(model_path, lambda key, value: _applies(vllm_params, key, value)))
+
+
+def request_fields(vllm_params: Any, model_path: Path) -> dict[str, Any]:
+    """The constraint and detokenisation settings of vLLM's SamplingParams (bad words as the token sequences its
+    own update_from_tokenizer bans, with the model's tokenizer)."""
+    bad_words = None
+    if vllm_params.bad_words:
+        import copy
+
+        from vllm.tokenizers import get_tokenizer
+
+        probe = copy.deepcopy(vllm_params)
+        probe.update_from_tokenizer(get_tokenizer(str(model_path)))
+        bad_words = probe.bad_words_token_ids
+    skip = vllm_params.skip_special_tokens
+    return {"stop_token_ids": list(vllm_params.stop_token_ids or []) or None,
+            # it also decides whether the text of a stop token (EOS included) is kept where special tokens are not
+            # skipped (vllm/v1/engine/detokenizer.py)
+            "include_stop_str_in_output": vllm_params.include_stop_str_in_output if vllm_params.stop or not skip
+            else None,
+            "no_repeat_ngram_size": None, "logit_bias": dict(vllm_params.logit_bias or {}) or None,
+            "bad_words": bad_words, "skip_special_tokens": skip,
+            "spaces_between_special_tokens": None if skip else vllm_params.spaces_between_special_tokens}
 
 
 def _applies(vllm_params: Any, key: str, value: Any) -> tuple[str, str]:

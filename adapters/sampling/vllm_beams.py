@@ -131,6 +131,7 @@ def effective(model_path: Path, params: SamplingParams, mode: str) -> Effective:
                      repetition_scope="not applied in beam search", logits_dtype="float32",
                      processors=["float32 log_softmax", f"top {2 * beam.beam_width} logprobs per live beam"],
                      sources={n: "request" if n in sent else "engine default" for n in CARRIED}, notes=notes,
+                     skip_special_tokens=params.skip_special_tokens is not False,  # the adapter decodes the beams
                      extra=settings_table(model_path, lambda key, value: _applies(model_path, key, value)))
 
 

@@ -166,6 +166,14 @@ class Effective(Record):
     early_stopping: str | None = None  # when the search may end before max_new_tokens, in the engine's terms
     beam_candidates: str = ""  # which candidates may finish a beam (EOS) at each step
     num_return_sequences: int | None = None
+    stop_token_ids: list[int] | None = None  # the request's ids that end generation besides the EOS
+    # whether a stop string, or a stop token's text where special tokens are kept, ends the text; None: neither
+    include_stop_str_in_output: bool | None = None
+    no_repeat_ngram_size: int | None = None
+    logit_bias: dict[int, float] | None = None
+    bad_words: list[list[int]] | None = None  # the token sequences banned for the request's bad words
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None  # None where special tokens are skipped (nothing to space)
     logits_dtype: str = ""  # the dtype the sampler works in
     processors: list[str] = Field(default_factory=list)  # the engine's processing steps, in order
     sources: dict[str, str] = Field(default_factory=dict)  # param -> request | generation_config.json | default
@@ -186,4 +194,5 @@ BEAM_EFFECTIVE: tuple[str, ...] = (*[n for n in names(Group.BEAM) if n in Effect
 COMPARED: tuple[str, ...] = (
     "decoding", *[n for n in names(Group.DECODING, Group.TRUNCATION, Group.PENALTY) if n in Effective.model_fields],
     "repetition_scope", *[n for n in names(Group.LENGTH, Group.RANDOMNESS) if n in Effective.model_fields],
-    *BEAM_EFFECTIVE, "logits_dtype")
+    *BEAM_EFFECTIVE, *[n for n in names(Group.CONSTRAINT, Group.DETOKENISATION) if n in Effective.model_fields],
+    "logits_dtype")

@@ -22,6 +22,8 @@ class Group(StrEnum):
     LENGTH = "length"  # when generation ends
     RANDOMNESS = "randomness"  # which random stream a sample draws from
     BEAM = "beam"  # beam search: how many partial sequences are kept, how they are scored and when the search ends
+    CONSTRAINT = "constraint"  # tokens banned or biased by rule, whatever the distribution: n-grams, words, a bias
+    DETOKENISATION = "detokenisation"  # how generated ids become the text a client reads (no token changes)
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,24 @@ class SamplingParams(BaseModel):
     stop: Annotated[list[str] | None, ParamInfo(
         Group.LENGTH, openai_field="stop", meaning="strings that end the generation")] = None
     ignore_eos: Annotated[bool, ParamInfo(Group.LENGTH, False, meaning="generate past EOS")] = False
+    stop_token_ids: Annotated[list[int] | None, ParamInfo(
+        Group.LENGTH, meaning="token ids that end the generation besides the model's EOS (HF: its eos_token_id "
+                              "list)")] = None
+    include_stop_str_in_output: Annotated[bool | None, ParamInfo(
+        Group.LENGTH, meaning="whether a matched stop string (vLLM: or a stop token's text) stays at the end of "
+                              "the text")] = None
+    no_repeat_ngram_size: Annotated[int | None, Field(ge=0), ParamInfo(
+        Group.CONSTRAINT, 0, meaning="bans every token that would repeat an n-gram of this size already in the "
+                                     "prompt or output")] = None
+    logit_bias: Annotated[dict[int, float] | None, ParamInfo(
+        Group.CONSTRAINT, openai_field="logit_bias",
+        meaning="adds a fixed bias to the logits of given token ids (-100 bans, 100 forces)")] = None
+    bad_words: Annotated[list[str] | None, ParamInfo(
+        Group.CONSTRAINT, meaning="words that are never generated (their token sequences are banned)")] = None
+    skip_special_tokens: Annotated[bool | None, ParamInfo(
+        Group.DETOKENISATION, meaning="drop special tokens (EOS, chat markers) from the text")] = None
+    spaces_between_special_tokens: Annotated[bool | None, ParamInfo(
+        Group.DETOKENISATION, meaning="put a space between adjacent special tokens in the text")] = None
     do_sample: Annotated[bool | None, ParamInfo(
         Group.DECODING, meaning="sample (true) or take the argmax (false); unset: temperature > 0")] = None
     # Beam search. Unset beam params (other than num_return_sequences) mean the engine's own default, which
@@ -97,6 +117,11 @@ class SamplingParams(BaseModel):
 
     @model_validator(mode="after")
     def _beam_params_need_beams(self) -> SamplingParams:
+        if self.num_beams is None and not self.greedy and (self.num_return_sequences or 1) > 1:
+            raise ValueError(f"num_return_sequences {self.num_return_sequences} under sampling is not compared "
+                             "sequence by sequence: n samples are n draws from a distribution, not n answers to "
+                             "match; compare the distributions with a scenario `sampling:` block (samples: N, "
+                             "steps: S: a G-test per step), or drop num_return_sequences")
         others = [n for n in BEAM_OPTIONS if getattr(self, n) is not None]
         if others and self.num_beams is None:
             raise ValueError(f"{', '.join(others)}: for beam search only: set num_beams too, or drop it")
@@ -147,6 +172,8 @@ def names(*groups: Group, greedy_irrelevant: bool | None = None) -> tuple[str, .
 PENALTIES = names(Group.PENALTY)
 BEAM = names(Group.BEAM)
 BEAM_OPTIONS = tuple(n for n in BEAM if n != "num_beams")  # the beam params besides the width
+CONSTRAINTS = names(Group.CONSTRAINT)
+DETOKENISATION = names(Group.DETOKENISATION)
 TRUNCATION = names(Group.TRUNCATION)
 GREEDY_IRRELEVANT = names(greedy_irrelevant=True)
 NEUTRAL: dict[str, Any] = {n: i.neutral for n, i in PARAMS.items() if i.neutral is not None}

@@ -51,7 +51,7 @@ def test_hf_loop_on_the_oracle_returns_hf_generates_beams(oracle: Oracle) -> Non
     oracle.start(PROMPT)
     looped = hf_sampling.beam_search(path, PARAMS, PROMPT, oracle)
     real = generate_beams(oracle.model, PROMPT, translate(PARAMS).native_params, tokenizer.pad_token_id, {2},
-                          tokenizer.decode)
+                          tokenizer)
     assert [b.token_ids for b in looped] == [b.token_ids for b in real]
     assert [b.score for b in looped] == pytest.approx([b.score for b in real], abs=1e-4)
     assert oracle.steps()[1]  # the loop's live beams were logged step by step

@@ -76,7 +76,8 @@ def test_dialect_is_checked_against_the_servers_request_schema() -> None:
     dialect = DIALECTS["llama-cpp-python"]
     defaults = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.1, "max_tokens": 16}
     schema = {"properties": {**{field: {"default": value} for field, value in defaults.items()}, "min_tokens": {},
-                             "frequency_penalty": {}, "presence_penalty": {}, "seed": {}, "stop": {}}}
+                             "frequency_penalty": {}, "presence_penalty": {}, "seed": {}, "stop": {},
+                             "logit_bias": {}}}
     assert schema_problems(dialect, schema) == ([], [])
     older = {"properties": {**schema["properties"], "repeat_penalty": {"default": 1.0}}}
     older["properties"].pop("min_tokens")

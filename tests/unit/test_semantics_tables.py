@@ -29,18 +29,25 @@ def test_an_engine_without_a_penalty_knob_counts_as_neutral() -> None:
 
 
 def test_a_setting_one_engine_applies_and_another_cannot_is_a_difference_named_by_file_and_key() -> None:
-    source = "generation_config.json: no_repeat_ngram_size"
-    by_engine = {"hf": effective(extra={"no_repeat_ngram_size": Setting(value=3, applied="yes", source=source)}),
-                 "vllm": effective(extra={"no_repeat_ngram_size": Setting(value=3, applied="no", source=source)}),
-                 "server": effective(extra={"no_repeat_ngram_size": Setting(value=3, applied="unknown",
-                                                                            source=source)})}
-    assert differing_fields(by_engine) == ["no_repeat_ngram_size"]
+    source = "generation_config.json: suppress_tokens"
+    by_engine = {"hf": effective(extra={"suppress_tokens": Setting(value=3, applied="yes", source=source)}),
+                 "vllm": effective(extra={"suppress_tokens": Setting(value=3, applied="no", source=source)}),
+                 "server": effective(extra={"suppress_tokens": Setting(value=3, applied="unknown",
+                                                                       source=source)})}
+    assert differing_fields(by_engine) == ["suppress_tokens"]
     assert describe_differences(by_engine) == (
-        "no_repeat_ngram_size (generation_config.json: no_repeat_ngram_size): hf applies 3, vllm not applied, "
+        "suppress_tokens (generation_config.json: suppress_tokens): hf applies 3, vllm not applied, "
         "server unknown (the server decides)")
     rows = {row[0]: row for row in table_rows(by_engine, everything=False)}
-    label = f"no_repeat_ngram_size ({source})"
+    label = f"suppress_tokens ({source})"
     assert rows[label][1] == ["applies 3", "not applied", "unknown (the server decides)"] and rows[label][2]
+
+
+def test_a_canonical_param_one_engine_takes_from_the_models_file_and_another_lacks_is_a_difference() -> None:
+    by_engine = {"hf": effective(no_repeat_ngram_size=3, sources={"no_repeat_ngram_size": "generation_config.json"}),
+                 "vllm": effective()}
+    assert differing_fields(by_engine) == ["no_repeat_ngram_size"]
+    assert describe_differences(by_engine) == "no_repeat_ngram_size: hf 3 (generation_config.json), vllm n/a"
 
 
 def test_settings_every_engine_treats_alike_are_still_shown() -> None:
