@@ -156,7 +156,7 @@ class Engine:
         self.dialect_warnings = dialect_check.check(dialect, base_url, headers, http)
         self.empty_token_id = min(eos_token_ids(model_path), default=None) if dialect.empty_token == "eos" else None
         self.client = Client(base_url, self.model, self.endpoint, options.stream, options.request_timeout,
-                             options.retries, headers, server_alive, http)
+                             options.retries, headers, server_alive, http, dialect.stream_usage)
 
     @property
     def tokenizer(self):

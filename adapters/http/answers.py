@@ -52,4 +52,4 @@ def to_result(name: str, request: Request, translation: Translation, body: dict[
                   token_ids=known, text=completion.text, finish_reason=completion.finish_reason,
                   chosen_logprobs=[s.logprob for s in steps], top_ids=top_ids, top_logprobs=top_logprobs,
                   native_params={k: v for k, v in body.items() if k not in ("prompt", "messages", "input_ids")},
-                  warnings=warnings)
+                  warnings=warnings, usage=completion.usage, deltas=completion.deltas)

@@ -40,6 +40,8 @@ class Completion:
     prompt_token_ids: list[int] | None = None
     attempts: int = 1
     choices: list[Completion] = field(default_factory=list)  # each choice apart (beam search: one per beam)
+    usage: dict[str, int] = field(default_factory=dict)  # the token counts the server reported
+    deltas: list[str] = field(default_factory=list)  # a streamed answer's text, chunk by chunk
 
 
 def translate(params: SamplingParams, dialect: Dialect, top_logprobs: int, endpoint: str,
@@ -140,6 +142,8 @@ def parse_payload(payload: dict[str, Any], endpoint: str, out: Completion) -> No
             out.prompt_token_ids = list(choice["prompt_token_ids"])
     if payload.get("prompt_token_ids") is not None:
         out.prompt_token_ids = list(payload["prompt_token_ids"])
+    if isinstance(payload.get("usage"), dict):
+        out.usage = {k: v for k, v in payload["usage"].items() if isinstance(v, int)}
 
 
 def connection_pool() -> httpx.Client:
@@ -163,6 +167,7 @@ class Client:
     headers: dict[str, str]
     server_alive: Callable[[], str | None] = lambda: None  # None, or why the server is gone
     http: httpx.Client = field(default_factory=lambda: connection_pool(), repr=False)
+    stream_usage: bool = False  # the server takes stream_options.include_usage (a streamed answer's token counts)
 
     def body(self, request: Request, sampling: dict[str, Any], prompt: list[int] | str) -> dict[str, Any]:
         """The request body. Chat sends the messages (a text prompt becomes one user message: the server then
@@ -170,6 +175,8 @@ class Client:
         if self.endpoint == "generate":
             return {**sampling, "input_ids": list(request.prompt_ids), "stream": False}
         body = {"model": self.model, **sampling, "stream": self.stream}
+        if self.stream and self.stream_usage:  # the token counts come in a last chunk of their own
+            body["stream_options"] = {"include_usage": True}
         if self.endpoint == "chat":
             body["messages"] = request.messages or [{"role": "user", "content": request.text or ""}]
         else:
@@ -230,7 +237,10 @@ class Client:
                 data = line[5:].strip()
                 if data == "[DONE]":
                     break
+                before = len(out.text)
                 _parse(data, self.endpoint, out, parse)
+                if len(out.text) > before:
+                    out.deltas.append(out.text[before:])
         return out
 
 

@@ -48,6 +48,7 @@ class Dialect:
     # requests a client keeps in flight unless the scenario sets concurrency: as many as the server runs at once
     in_flight: int = 16
     in_flight_note: str = "a guess for an unknown server: set concurrency to what it runs at once"
+    stream_usage: bool = False  # it takes stream_options: {include_usage: true} (token counts in a streamed answer)
 
     def sampling_code(self, defaults: str) -> SamplingCode | None:
         """The sampling code of a server of this kind that the harness did not start (its own default
@@ -79,6 +80,7 @@ DIALECTS: dict[str, Dialect] = {
         token_id_fields={"return_tokens_as_token_ids": True, "return_token_ids": True},
         sampling=SamplingCode("adapters.sampling.vllm", {"mode": "server", "generation_config": "auto"}),
         in_flight=128, in_flight_note="its scheduler's max_num_seqs on CPU (vLLM 0.32's default for the server)",
+        stream_usage=True,
         beam_fields={"num_beams": "n", "length_penalty": "length_penalty", "max_new_tokens": "max_tokens",
                      "ignore_eos": "ignore_eos"},
         # the EOS that finished a beam stays in its token ids, as offline
@@ -114,7 +116,7 @@ DIALECTS: dict[str, Dialect] = {
         token_id_prompts=True,
         notes="the native C++ server; llama-cpp-python's Python server is the llama-cpp-python dialect",
         sampling=SamplingCode("adapters.sampling.dialect", {"dialect": "llamacpp"}),
-        in_flight=4, in_flight_note="llama-server's default slots (-np 4)"),
+        in_flight=4, in_flight_note="llama-server's default slots (-np 4)", stream_usage=True),
     "llama-cpp-python": Dialect(
         "llama-cpp-python", "llama-cpp-python's OpenAI-compatible server (python -m llama_cpp.server)",
         extra_fields={"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repeat_penalty",

@@ -8,7 +8,9 @@ ended_by is one of:
   eos               the last token is an EOS id
   eos_not_returned  finish_reason "stop", no stop string in the text, no EOS returned: the engine stopped on an EOS
                     it did not return (the comparison appends it, marked, so the step counts as equal)
-  stop_string       finish_reason "stop" and a requested stop string ends the text
+  stop_token        the last token is one of the request's stop_token_ids
+  stop_string       finish_reason "stop" and a requested stop string is in the text, or in the decoding of the ids
+                    (an engine that cuts the stop string from its text, as vLLM does, still generated its tokens)
   length            max_new_tokens reached (or finish_reason "length")
   ""                unknown (an error, or an engine that says nothing)
 """
@@ -16,6 +18,7 @@ ended_by is one of:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from harness.core.types import Result
 from harness.core.vocabulary import SamplingParams
@@ -24,15 +27,21 @@ STOP_REASONS = ("stop", "eos", "end", "stop_token", "eos_token")
 IMPLIED_EOS_WARNING = "EOS implied: the engine stopped on EOS without returning it (finish reason {reason!r})"
 
 
-def ended_by(result: Result, params: SamplingParams, eos_ids: set[int]) -> str:
+def ended_by(result: Result, params: SamplingParams, eos_ids: set[int],
+             decode: Callable[[list[int]], str] | None = None) -> str:
+    """How the generation ended; `decode` (ids -> text in the reference's tokenizer) finds a stop string an engine
+    cut from its text."""
     if result.status != "ok" or result.samples:
         return ""
     ids = result.token_ids
     if ids and ids[-1] in eos_ids and not params.ignore_eos:
         return "eos"
+    if ids and ids[-1] in (params.stop_token_ids or []):
+        return "stop_token"
     reason = (result.finish_reason or "").lower()
     if reason in STOP_REASONS:
-        if params.stop and any(stop in result.text for stop in params.stop):
+        texts = [result.text, decode(ids)] if decode is not None else [result.text]
+        if params.stop and any(stop in text for stop in params.stop for text in texts):
             return "stop_string"
         if len(ids) < params.max_new_tokens and not params.ignore_eos:
             return "eos_not_returned"

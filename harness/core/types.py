@@ -94,6 +94,8 @@ class Result(Record):
     effective: dict[str, Any] = Field(default_factory=dict)  # Effective.to_json(), from the engine's own code
     samples: list[list[int]] = Field(default_factory=list)  # token ids of each sample (Request.num_samples > 1)
     beams: list[Beam] = Field(default_factory=list)  # beam search: the returned beams, best first (token_ids: best)
+    usage: dict[str, int] = Field(default_factory=dict)  # a server's reported token counts (prompt_tokens, ...)
+    deltas: list[str] = Field(default_factory=list)  # a streamed answer's text, chunk by chunk (empty: unstreamed)
 
     @classmethod
     def engine_error(cls, case_id: str, engine: str, error: str) -> Result:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import resource
 import sys
 import time
+from collections.abc import Callable
 
 import pandas as pd
 
@@ -59,7 +60,7 @@ def finish(run: PendingRun, outcomes: dict[str, EngineOutcome], interrupted: boo
     results = {(name, case_id): result for name, o in outcomes.items() for case_id, result in o.results.items()}
     ordered = [results[(n, c.case_id)] for n in names for c in scenario.cases if (n, c.case_id) in results]
     eos_ids = models.eos_token_ids(ref_path)
-    endings = _endings(scenario, ordered, eos_ids)
+    endings = _endings(scenario, ordered, eos_ids, run.tokenizer.decode)
     compared = {(r.engine, r.case_id): as_compared(r, endings[(r.engine, r.case_id)], min(eos_ids, default=None))
                 for r in ordered}
     params = {(n, c.case_id): c.engine_params[n].model_dump_json(exclude_none=True)
@@ -73,6 +74,7 @@ def finish(run: PendingRun, outcomes: dict[str, EngineOutcome], interrupted: boo
                       prompt_warnings=run.meta.prompt_warnings,
                       engine_prompt_warnings=run.meta.engine_prompt_warnings, interrupted=interrupted,
                       versions={name: o.versions for name, o in outcomes.items()},
+                      decode_ids=lambda ids, skip: run.tokenizer.decode(ids, skip_special_tokens=skip), eos_ids=eos_ids,
                       drift_traces={} if interrupted else drift_passes.run_passes(scenario, run_dir, results,
                                                                                    parallel, progress))
     tables = judge_families(judging)
@@ -106,7 +108,9 @@ def judge_families(judging: Judging) -> dict[str, pd.DataFrame]:
     return tables
 
 
-def _endings(scenario: LoadedScenario, results: list[Result], eos_ids: set[int]) -> dict[tuple[str, str], str]:
+def _endings(scenario: LoadedScenario, results: list[Result], eos_ids: set[int],
+             decode: Callable[[list[int]], str]) -> dict[tuple[str, str], str]:
     """How each result's generation ended (harness.compare.ending), by (engine, case)."""
     cases = {c.case_id: c for c in scenario.cases}
-    return {(r.engine, r.case_id): ended_by(r, cases[r.case_id].engine_params[r.engine], eos_ids) for r in results}
+    return {(r.engine, r.case_id): ended_by(r, cases[r.case_id].engine_params[r.engine], eos_ids, decode)
+            for r in results}

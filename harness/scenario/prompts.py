@@ -16,6 +16,10 @@ from pathlib import Path
 from harness.core.errors import ConfigError
 from harness.scenario.spec import PromptSpec
 
+# HF's clean_up_tokenization_spaces: the spaces a word-level decoder leaves before punctuation and contractions
+CLEAN_UP = [(" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
+            (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")]
+
 
 class PromptTokenizer:
     def __init__(self, model_path: Path):
@@ -72,8 +76,14 @@ class PromptTokenizer:
         tokens = {t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special and t.content}
         return re.compile("|".join(map(re.escape, sorted(tokens, key=len, reverse=True)))) if tokens else None
 
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        """The text of ids as HF's decode() writes it: with or without special tokens, and with HF's clean-up of
+        spaces before punctuation where tokenizer_config.json asks for it (transformers 5's default: none)."""
+        text = self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        if self.config.get("clean_up_tokenization_spaces"):
+            for spaced, tight in CLEAN_UP:
+                text = text.replace(spaced, tight)
+        return text
 
 
 @lru_cache(maxsize=4)

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 # module:attribute of each built-in family, in the order they are judged and shown
-BUILTIN = ["harness.verdicts.tokens:FAMILY", "harness.verdicts.invariance:FAMILY", "harness.verdicts.drift:FAMILY"]
+BUILTIN = ["harness.verdicts.tokens:FAMILY", "harness.verdicts.text:FAMILY", "harness.verdicts.invariance:FAMILY",
+           "harness.verdicts.drift:FAMILY"]
 COMMON_COLUMNS = {"case_id": "str", "engine": "str", "expected": "bool", "explanation": "str"}
 
 
@@ -47,6 +48,9 @@ class Judging:
     # teacher-forced logits passes run for the drift verdicts: (engine, the baseline whose text it read, case)
     drift_traces: dict[tuple[str, str, str], TraceResult] = field(default_factory=dict)
     versions: dict[str, dict[str, str]] = field(default_factory=dict)  # engine -> what it reported of itself
+    # ids -> text in the reference's tokenizer, skipping special tokens or not (None: no tokenizer, no text verdicts)
+    decode_ids: Callable[[list[int], bool], str] | None = None
+    eos_ids: set[int] = field(default_factory=set)  # the reference model's EOS ids
 
 
 @dataclass

@@ -1,0 +1,109 @@
+"""Text verdicts (text.parquet): what the client receives, per case and engine, judged from that engine's own ids
+(harness.compare.text_rules): its text against the reference tokenizer's decoding of the ids under the case's
+detokenisation params, the stop string's trimming, the finish reason, a server's usage counts and a streamed
+answer's chunks. A text that differs while the ids agree is a detokeniser finding, named as such."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from harness.compare import text_rules
+from harness.core.types import Result
+from harness.render import markdown
+from harness.render.console import console, print_table
+from harness.render.html_parts import esc
+from harness.render.page import Page
+from harness.scenario.spec import Case
+from harness.verdicts.family import Judged, Judging, VerdictFamily
+
+COLUMNS = {"case_id": "str", "engine": "str", "expected": "bool", "text_check": "str", "text": "str",
+           "ids_text": "str", "stop_string": "str", "stop_step": "int?", "stop_spans_tokens": "bool?",
+           "finish_reason": "str", "ids_end": "str", "usage": "json", "deltas": "list[str]", "explanation": "str"}
+HEADERS = ["case", "engine", "ok", "text", "stop string", "finish (ids)", "explanation"]
+INTRO = ("Each engine's text against the reference tokenizer's decoding of that engine's own ids (the case's "
+         "skip_special_tokens), the stop string found in those ids and how the text was cut there, the finish "
+         "reason against how the ids end, and a server's usage counts and streamed chunks.")
+
+
+def text_rows(rows: pd.DataFrame) -> list[list[str]]:
+    return [[r.case_id, r.engine, markdown.yes_no(r.expected), r.text_check,
+             "" if not r.stop_string else f"{r.stop_string!r} at token {r.stop_step}"
+             + (" (spans tokens)" if r.stop_spans_tokens else ""),
+             f"{r.finish_reason or '-'} ({r.ids_end})", r.explanation] for r in rows.itertuples()]
+
+
+class TextVerdicts(VerdictFamily):
+    name = "text"
+    table = "text.parquet"
+    columns = COLUMNS
+    title = "Text"
+    anchor = "text"
+
+    def judge(self, judging: Judging) -> Judged:
+        if judging.decode_ids is None:
+            return Judged(pd.DataFrame())
+        rows = [row for case in judging.scenario.cases for name in judging.scenario.spec.engines
+                if (row := _judge(judging, case, judging.results.get((name, case.case_id)))) is not None]
+        return Judged(pd.DataFrame(rows, columns=list(COLUMNS)) if rows else pd.DataFrame())
+
+    def summary_lines(self, rows: pd.DataFrame) -> list[str]:
+        return [INTRO, "", *markdown.table(HEADERS, text_rows(rows))]
+
+    def print(self, rows: pd.DataFrame, reference: str) -> None:
+        findings = rows[~rows.expected]
+        if findings.empty:
+            console.print(f"text: {len(rows)} answers read as their own ids say (text, stop strings, finish reasons)")
+            return
+        print_table("text: answers that do not read as their own ids say", HEADERS, text_rows(findings),
+                    [["", "", "bold red", *[""] * 4] for _ in range(len(findings))])
+
+    def html(self, rows: pd.DataFrame, page: Page) -> str:
+        out = [f"<p>{esc(INTRO)}</p><table id='text-table'><tr>" + "".join(f"<th>{esc(h)}</th>" for h in HEADERS)
+               + "</tr>"]
+        for row, cells in zip(rows.itertuples(), text_rows(rows), strict=True):
+            out.append(f"<tr class='{'' if row.expected else 'no'}'>" + "".join(f"<td>{esc(c)}</td>" for c in cells)
+                       + "</tr>")
+        out.append("</table>")
+        for row in rows[~rows.expected].itertuples():
+            out.append(f"<div class='case'><h3>{esc(row.case_id)} / {esc(row.engine)}</h3><p>text:</p><pre>"
+                       f"{esc(row.text)}</pre><p>its ids decoded:</p><pre>{esc(row.ids_text)}</pre></div>")
+        return "".join(out)
+
+
+FAMILY = TextVerdicts()
+
+
+def _judge(judging: Judging, case: Case, result: Result | None) -> dict | None:
+    """One engine's answer to one case read against its ids; None where there is no single text to read (an error,
+    samples, beams)."""
+    if result is None or result.status != "ok" or result.samples or result.beams:
+        return None
+    params = case.engine_params[result.engine]
+    effective = result.effective or {}
+    skip = params.skip_special_tokens if params.skip_special_tokens is not None \
+        else effective.get("skip_special_tokens", True) is not False
+    stops = list(params.stop or [])
+    reading = text_rules.read_answer(
+        result.text, result.token_ids, lambda ids: judging.decode_ids(ids, skip),
+        ends=set(judging.eos_ids) | set(params.stop_token_ids or []), stops=stops,
+        stops_applied=not any(w.startswith("stop=") and "NOT APPLIED" in w for w in result.warnings),
+        include_stop=effective.get("include_stop_str_in_output"), finish_reason=result.finish_reason,
+        max_new_tokens=params.max_new_tokens, usage=result.usage, prompt_len=len(result.prompt_ids))
+    findings = reading.findings + text_rules.delta_findings(result.deltas, result.text, stops,
+                                                            effective.get("include_stop_str_in_output"))
+    stop = reading.stop
+    return {"case_id": case.case_id, "engine": result.engine, "expected": not findings,
+            "text_check": reading.text_check, "text": result.text, "ids_text": reading.ids_text,
+            "stop_string": stop.stop if stop else "", "stop_step": stop.step if stop else None,
+            "stop_spans_tokens": stop.spans if stop else None, "finish_reason": result.finish_reason,
+            "ids_end": reading.ids_end, "usage": json.dumps(result.usage), "deltas": result.deltas,
+            "explanation": "; ".join(findings) or _as_read(reading)}
+
+
+def _as_read(reading: text_rules.Reading) -> str:
+    if reading.stop is None:
+        return f"text {reading.text_check}"
+    return f"text {reading.text_check} {reading.stop.stop!r}" if reading.text_check != text_rules.AS_IDS \
+        else f"text as the ids, through the stop string {reading.stop.stop!r}"
