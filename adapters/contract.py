@@ -92,11 +92,16 @@ class Knob:
 
 
 def request_knobs(name: str, options: Any, server: bool) -> Knob:
-    """The knobs every engine turns with requests alone: repeat, order, seed; and concurrency for a server."""
-    if name in REQUEST_KNOBS or (server and name == "concurrency"):
+    """The knobs every engine turns with requests alone: repeat, order, seed; and concurrency and streaming for a
+    server."""
+    if name == "stream" and getattr(options, "endpoint", None) == "generate":
+        return Knob(unsupported="the native /generate endpoint answers unstreamed here")
+    if name in REQUEST_KNOBS or (server and name in ("concurrency", "stream")):
         return Knob()
     if name == "concurrency":
         return Knob(unsupported="an in-process engine has no concurrent requests: see batch")
+    if name == "stream":
+        return Knob(unsupported="an in-process engine answers in one piece: streaming is a server's")
     return Knob(unsupported="this engine does not describe how to turn it")
 
 

@@ -16,6 +16,7 @@ from adapters.contract import Capabilities, EngineDescription, Knob, Requirement
 from adapters.engines.lmdeploy_pipeline import LMDEPLOY_DTYPES
 from adapters.engines.openai import attached_knobs
 from adapters.engines.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
+from adapters.http.dialects import DIALECTS
 from harness.core.types import EngineSetup
 
 
@@ -64,6 +65,9 @@ DESCRIPTION = EngineDescription(
 
 def knobs(name: str, options: Options) -> Knob:
     """The knobs that need only requests; the adapter sets none of the server's cache or scheduler switches."""
+    if name == "stream" and (options.endpoint or DIALECTS["lmdeploy"].default_endpoint) == "generate":
+        return Knob(unsupported="the native /generate endpoint (lmdeploy's default here) answers unstreamed: set "
+                                "endpoint: chat to stream")
     if options.url or name not in ("prefix_cache", "chunked_prefill", "speculative", "batch_invariant"):
         return attached_knobs(name, options)
     return Knob(unsupported="the lmdeploy-server adapter does not set this server switch (not checkable without CUDA)")

@@ -174,8 +174,9 @@ class Client:
         applies its chat template); completions sends `prompt` (token ids, or text for servers that need it)."""
         if self.endpoint == "generate":
             return {**sampling, "input_ids": list(request.prompt_ids), "stream": False}
-        body = {"model": self.model, **sampling, "stream": self.stream}
-        if self.stream and self.stream_usage:  # the token counts come in a last chunk of their own
+        stream = self.stream if request.stream is None else request.stream
+        body = {"model": self.model, **sampling, "stream": stream}
+        if stream and self.stream_usage:  # the token counts come in a last chunk of their own
             body["stream_options"] = {"include_usage": True}
         if self.endpoint == "chat":
             body["messages"] = request.messages or [{"role": "user", "content": request.text or ""}]

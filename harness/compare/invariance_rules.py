@@ -4,6 +4,8 @@ the same engine; this module judges the pair. Knows nothing about engines.
 
 Verdicts per knob, over all its cases:
   identical         token ids, chosen logprobs and top-k lists bitwise equal
+  text_diverged     token ids equal but the text or the finish reason differs, or a streamed answer's chunks are not
+                    whole text (a character split between chunks, a stop string leaked): the client reads another answer
   tokens_identical  token ids equal; the largest chosen-token |delta logprob| is the drift
   diverged          tokens differ: at the first divergent case and step, a near-tie flip when the baseline's top-2
                     margin there is within twice the drift seen on the steps both shared (the harness's benign-tie
@@ -24,13 +26,14 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel
 
+from harness.compare import text_rules
 from harness.compare.diff import compare, noise_margin
 from harness.compare.sampling_parity import g_test, prefixes
 from harness.core.types import Result
 
-InvarianceVerdict = Literal["identical", "tokens_identical", "diverged", "distribution_match",
+InvarianceVerdict = Literal["identical", "tokens_identical", "text_diverged", "diverged", "distribution_match",
                             "distribution_diverged", "unsupported", "engine_error"]
-FAILING = {"diverged", "distribution_diverged", "engine_error"}
+FAILING = {"diverged", "text_diverged", "distribution_diverged", "engine_error"}
 
 
 class InvarianceRow(BaseModel):
@@ -57,7 +60,32 @@ def judge_pair(baseline: list[Result], variant: list[Result], decode: Callable[[
         return {"verdict": "engine_error", "case_id": failed[0].case_id, "cases": len(baseline),
                 "explanation": f"{failed[0].case_id}: {failed[0].error}"}
     verdict = _judge_tokens(baseline, variant, decode)
+    if verdict["verdict"] != "diverged":
+        differences = answer_differences(baseline, variant)
+        if differences:
+            verdict = {**verdict, "verdict": "text_diverged", "case_id": differences[0][0],
+                       "explanation": f"token ids equal, but {len(differences)} answer(s) read otherwise; first "
+                                      f"{differences[0][0]}: {differences[0][1]}"}
     return {**verdict, "explanation": verdict["explanation"] + _variant_warnings(baseline, variant)}
+
+
+def answer_differences(baseline: list[Result], variant: list[Result]) -> list[tuple[str, str]]:
+    """(case, what differs) where the client reads another answer from equal ids: the text, the finish reason, or a
+    streamed answer's chunks (text_rules.delta_findings)."""
+    found = []
+    for a, b in zip(baseline, variant, strict=True):
+        problems = []
+        if a.text != b.text:
+            problems.append(text_rules.text_difference(b.text, a.text).removeprefix("detokeniser: ")
+                            .replace("the decoding of its own ids", "the baseline's"))
+        if a.finish_reason.lower() != b.finish_reason.lower():
+            problems.append(f"finish reason {a.finish_reason!r} against {b.finish_reason!r}")
+        for r in (a, b):
+            problems += text_rules.delta_findings(r.deltas, r.text, list(r.native_params.get("stop") or []),
+                                                  r.effective.get("include_stop_str_in_output"))
+        if problems:
+            found.append((a.case_id, "; ".join(problems)))
+    return found
 
 
 def _variant_warnings(baseline: list[Result], variant: list[Result]) -> str:

@@ -48,6 +48,7 @@ class Request(Record):
     text: str | None = None
     messages: list[dict[str, str]] | None = None
     num_samples: int = 1  # > 1: independent seeded samples of the first tokens (Result.samples), for sampling parity
+    stream: bool | None = None  # a server engine streams the answer or not (the stream knob); None: as configured
 
 
 class Translation(Record):

@@ -189,5 +189,5 @@ def meaning(name: str) -> str:
 # Invariance knobs: each runs the same cases under a baseline and a variant configuration of one engine
 # (harness.plan.invariance_checks). The request knobs need nothing but requests, so every engine can turn them.
 KNOBS = ("repeat", "batch", "order", "concurrency", "prefix_cache", "chunked_prefill", "speculative",
-         "batch_invariant", "seed")
+         "batch_invariant", "seed", "stream")
 REQUEST_KNOBS = ("repeat", "order", "seed")

@@ -42,6 +42,7 @@ WORDS = {  # knob -> (baseline, variant), in words for the report
     "chunked_prefill": ("chunked prefill off", "chunked prefill on, 32-token chunks"),
     "speculative": ("no speculative decoding", "n-gram speculative decoding"),
     "batch_invariant": ("VLLM_BATCH_INVARIANT=1, each case alone", "VLLM_BATCH_INVARIANT=1, one batch"),
+    "stream": ("each answer in one piece", "the same requests streamed"),
 }
 
 
@@ -185,6 +186,8 @@ def _check(scenario: LoadedScenario, engine: str, knob: str, cases: list[Request
     # rewind a per-request generator: seeded sampling with speculative decoding raises there)
     a = _copy(cases, f"{knob}.base", prefix, samples, steps, **unseeded)
     b = _copy(cases, f"{knob}.variant", prefix, samples, steps, **unseeded)
+    if knob == "stream":
+        a, b = [r.model_copy(update={"stream": False}) for r in a], [r.model_copy(update={"stream": True}) for r in b]
     alone = [[r] for r in a]
     groups = {"batch": (alone, [b]), "concurrency": (alone, [b]), "order": ([a], [list(reversed(b))]),
               "batch_invariant": (alone, [b])}.get(knob, ([a], [b]))

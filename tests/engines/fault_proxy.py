@@ -8,7 +8,9 @@ next one); the upstream answer is read whole and de-chunked before a fault is ap
 Faults: "drop" (close without answering), "stall" (answer nothing for `stall_s`, then close), "truncate" (send
 half the body under the full Content-Length, then close), "500" / "503" (an error status, not forwarded),
 "malformed" (the answer's JSON cut short, under a Content-Length that matches), "fewer_logprobs" (the answer with
-logprobs for two steps fewer than the tokens it returns).
+logprobs for two steps fewer than the tokens it returns), "cut_character" (the first non-ASCII character of the
+answer's text written as U+FFFD, as a detokeniser that cut its bytes writes it; streamed: in the first chunk holding
+one).
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ class FaultProxy:
                 answer = answer[: len(answer) // 2]
             elif fault == "fewer_logprobs":
                 answer = _drop_logprob_steps(answer, 2)
+            elif fault == "cut_character":
+                answer = _cut_character(answer)
             client.sendall(_response(status, answer))
 
 
@@ -162,3 +166,29 @@ def _drop_logprob_steps(answer: bytes, steps: int) -> bytes:
             if logprobs.get(key) is not None:
                 logprobs[key] = logprobs[key][:-steps]
     return json.dumps(payload).encode()
+
+
+def _cut_character(answer: bytes) -> bytes:
+    text = answer.decode()
+    if not text.lstrip().startswith("data:"):
+        payload = json.loads(text)
+        _cut_first(payload)
+        return json.dumps(payload).encode()
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith("data:") and line[5:].strip() != "[DONE]":
+            payload = json.loads(line[5:])
+            if _cut_first(payload):
+                lines[i] = "data: " + json.dumps(payload)
+                break
+    return "\n".join(lines).encode()
+
+
+def _cut_first(payload: dict[str, Any]) -> bool:
+    for choice in payload.get("choices") or []:
+        text = choice.get("text") or ""
+        at = next((j for j, char in enumerate(text) if ord(char) > 127), None)
+        if at is not None:
+            choice["text"] = text[:at] + "\ufffd" + text[at + 1:]
+            return True
+    return False

@@ -123,7 +123,7 @@ DEFECTS = """\
 model: smollm2-135m
 engines:
   hf: {{engine: hf, reference: true}}
-  neutral: {{engine: llama.cpp-server, options: {{url: "{url}"}}}}
+  neutral: {{engine: llama.cpp-server, options: {{url: "{url}"}}, invariance: [stream]}}
   server-defaults: {{engine: llama.cpp-server, options: {{url: "{url}", defaults: engine}}, params: {{temperature: 0}},
                     expect: {{tokens: any}}}}
 prompts:
@@ -159,6 +159,13 @@ def test_an_eos_the_server_did_not_return_is_not_a_divergence(defects: ParityRun
     assert math.ended_by == "eos_not_returned" and math.finish_reason == "stop"
     assert 2 not in list(math.token_ids) and list(results.loc[("hf", "math"), "token_ids"])[-1] == 2
     assert defects.verdicts.set_index(["engine", "case_id"]).loc[("neutral", "math")].verdict == "match"
+
+
+def test_the_stream_knob_runs_on_llama_cpps_server(defects: ParityRun) -> None:
+    stream = pd.read_parquet(defects.run_dir / "invariance.parquet").set_index("knob").loc["stream"]
+    assert stream.verdict in ("identical", "tokens_identical"), stream.explanation
+    text = pd.read_parquet(defects.run_dir / "text.parquet").set_index(["engine", "case_id"])
+    assert text.loc[("neutral", "math")].expected, text.loc[("neutral", "math")].explanation
 
 
 def test_empty_token_text_never_becomes_id_minus_one(defects: ParityRun) -> None:

@@ -19,6 +19,7 @@ from adapters.http.server_process import group_alive
 from harness import models
 from harness.core.types import EngineSetup
 
+from fault_proxy import FaultProxy
 from helpers import SCENARIOS, ParityRun, journal_lines, parity, start_parity_run, wait_for, write_scenario
 
 pytestmark = pytest.mark.engines
@@ -301,3 +302,64 @@ def test_an_attached_vllm_dialect_client_searches_beams_on_the_server(server_url
     assert body["use_beam_search"] is True and body["n"] == 3 and body["length_penalty"] == 0.0
     assert any(w.startswith("no final beam scores: the vllm server returns none") for w in result.warnings)
     assert run.verdicts.set_index("engine").loc["client"].beams_compared == 3
+
+
+DETOKENISED = """\
+name: detokenised
+model: smollm2-135m
+engines:
+  hf: {{engine: hf, reference: true}}
+  direct:
+    engine: openai
+    options: {{url: "{url}", dialect: vllm, api_key_env: {key}, stream: true}}
+    invariance: [stream]
+  cut: {{engine: openai, options: {{url: "{proxy}", dialect: vllm, api_key_env: {key}, stream: true}}}}
+prompts:
+  - {{id: chinese, messages: [{{role: user, content: "你好！请用中文介绍一下你自己。"}}]}}
+  - {{id: count, text: "1, 2, 3, 4, 5,"}}
+params: {{temperature: 0, max_new_tokens: 16, stop: [" 8, 9"]}}
+"""
+
+
+@pytest.fixture(scope="module")
+def detokenised(server_url, tmp_path_factory) -> ParityRun:
+    """The real server answered directly (streamed, and unstreamed for the stream knob) and through a proxy that
+    writes the first non-ASCII character of each answer as U+FFFD, as a detokeniser that cut its bytes would."""
+    host, port = server_url.removeprefix("http://").removesuffix("/v1").split(":")
+    proxy = FaultProxy((host, int(port)), lambda path, body, attempt: "cut_character")
+    tmp = tmp_path_factory.mktemp("detokenised")
+    scenario = write_scenario(tmp / "s.yaml", DETOKENISED.format(url=server_url, proxy=proxy.url, key=API_KEY_ENV))
+    yield parity("run", str(scenario), out=tmp / "reports")
+    proxy.close()
+
+
+def test_the_text_verdicts_catch_a_cut_character_the_token_verdicts_cannot(detokenised: ParityRun) -> None:
+    assert detokenised.code == 1, detokenised.stdout[-3000:]
+    verdicts = detokenised.verdicts.set_index(["engine", "case_id"])
+    assert verdicts.loc[("cut", "chinese")].verdict == "match"  # its ids are the server's own
+    text = pd.read_parquet(detokenised.run_dir / "text.parquet").set_index(["engine", "case_id"])
+    cut = text.loc[("cut", "chinese")]
+    assert not cut.expected and cut.explanation.startswith("detokeniser: the text leaves the decoding of its own ids")
+    assert "U+FFFD where the ids decode to a whole character" in cut.explanation
+    assert text.loc[("direct", "chinese")].expected and "\ufffd" not in text.loc[("direct", "chinese")].text
+    assert "answers that do not read as their own ids say" in detokenised.stdout
+
+
+def test_a_stop_string_spanning_tokens_is_judged_from_the_ids(detokenised: ParityRun) -> None:
+    text = pd.read_parquet(detokenised.run_dir / "text.parquet").set_index(["engine", "case_id"])
+    for engine in ("hf", "direct"):
+        row = text.loc[(engine, "count")]
+        assert row.expected and row.stop_string == " 8, 9" and row.stop_spans_tokens, row.explanation
+        assert row.ids_text.endswith(" 8, 9") and row.finish_reason == "stop"
+    assert text.loc[("direct", "count")].text_check == "cut before stop"  # vLLM cuts where the stop string starts
+    assert text.loc[("hf", "count")].text_check == "as the ids"  # HF keeps the tokens that completed it
+    ids = detokenised.results.set_index(["engine", "case_id"]).loc[("direct", "count")].token_ids
+    usage = json.loads(text.loc[("direct", "count")].usage)  # the last streamed chunk's counts, held to the ids
+    assert usage["completion_tokens"] == len(ids) and usage["prompt_tokens"] > 0
+
+
+def test_the_stream_knob_compares_the_same_requests_streamed_and_not(detokenised: ParityRun) -> None:
+    knobs = pd.read_parquet(detokenised.run_dir / "invariance.parquet").set_index("knob")
+    stream = knobs.loc["stream"]
+    assert stream.verdict in ("identical", "tokens_identical"), stream.explanation
+    assert (stream.baseline, stream.variant) == ("each answer in one piece", "the same requests streamed")
