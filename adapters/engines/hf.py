@@ -93,6 +93,9 @@ def translate(params: SamplingParams) -> Translation:
         if getattr(params, harness_side):
             native[harness_side] = list(getattr(params, harness_side))
     native["skip_special_tokens"] = True if params.skip_special_tokens is None else params.skip_special_tokens
+    if params.constraint:
+        warnings.append(f"constraint={params.constraint.kind} NOT APPLIED: HF generate has no constrained decoding "
+                        "(a scenario's constraint: block leaves the reference unconstrained)")
     if params.spaces_between_special_tokens:
         warnings.append("spaces_between_special_tokens=True NOT APPLIED: a fast (tokenizers) HF tokenizer's decode "
                         "never puts spaces between special tokens")

@@ -11,6 +11,7 @@ with logits for every position; per-layer traces come from llama.cpp's graph eva
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import time
@@ -122,6 +123,11 @@ def translate(params: SamplingParams, last_n_tokens: int = 64) -> Translation:
     native.update({name: value for name in CLIENT_SIDE if (value := getattr(params, name)) is not None})
     warnings += [f"{name}={value} NOT APPLIED: {NOT_APPLIED[name]}" for name in NOT_APPLIED
                  if (value := getattr(params, name)) not in (None, 0, False)]
+    if params.constraint and params.constraint.kind == "regex":
+        warnings.append("constraint=regex NOT APPLIED: llama-cpp-python turns JSON schemas into GBNF grammars, not "
+                        "regular expressions")
+    elif params.constraint:
+        native["grammar"] = params.constraint.model_dump(exclude_none=True)
     if params.include_stop_str_in_output is False and params.stop:
         warnings.append("include_stop_str_in_output=False NOT APPLIED: the adapter ends on the token that completes "
                         "a stop string and keeps it, as llama-cpp-python's generate() loop leaves it")
@@ -136,6 +142,17 @@ NOT_APPLIED = {
     "bad_words": "llama-cpp-python has no bad-words ban (a GBNF grammar or logit_bias on single tokens can do it)",
     "spaces_between_special_tokens": "llama.cpp's detokeniser puts no spaces between special tokens",
 }
+
+
+def grammar(constraint: dict[str, Any]) -> Any:
+    """A constraint as a llama.cpp grammar: a JSON schema through llama-cpp-python's own converter, choices as a
+    GBNF alternation of literals."""
+    from llama_cpp.llama_grammar import LlamaGrammar
+
+    if "json_schema" in constraint:
+        return LlamaGrammar.from_json_schema(json.dumps(constraint["json_schema"]), verbose=False)
+    literals = " | ".join(json.dumps(choice, ensure_ascii=False) for choice in constraint["choice"])
+    return LlamaGrammar.from_string(f"root ::= {literals}", verbose=False)
 
 
 def bias_processor(bias: dict[int, float]) -> Any:
@@ -240,6 +257,8 @@ class Engine:
         kwargs = {k: native[k] for k in GENERATE_KWARGS}
         if native.get("logit_bias"):
             kwargs["logits_processor"] = [bias_processor(native["logit_bias"])]
+        if native.get("grammar"):
+            kwargs["grammar"] = grammar(native["grammar"])
         stop_ids = set(native.get("stop_token_ids") or [])
         tokens: list[int] = []
         finish = "length"

@@ -47,8 +47,8 @@ def translate(params: SamplingParams, top_logprobs: int = 5, defaults: Defaults 
     if params.stop:
         native["stop_words"] = list(params.stop)
     native.update({name: value for name in SAME_NAMED if (value := getattr(params, name)) is not None})
-    warnings += [f"{name}={value} NOT APPLIED: {why}" for name, why in NOT_APPLIED.items()
-                 if (value := getattr(params, name)) not in (None, 0, False)]
+    warnings += [f"{name}={value.kind if name == 'constraint' else value} NOT APPLIED: {why}"
+                 for name, why in NOT_APPLIED.items() if (value := getattr(params, name)) not in (None, 0, False)]
     if params.bad_words:
         warnings.append(f"bad_words={params.bad_words}: lmdeploy bans every single token whose text contains a word "
                         "(Tokenizer.indexes_containing_token), not the word's token sequence (HF, vLLM)")
@@ -64,4 +64,5 @@ NOT_APPLIED = {
     "no_repeat_ngram_size": "lmdeploy has no n-gram ban (its repetition_ngram_size ends a generation that repeats, "
                             "it bans nothing)",
     "logit_bias": "lmdeploy's GenerationConfig has no logit_bias (only custom logits_processors)",
+    "constraint": "this adapter does not pass lmdeploy's response_format (its guided decoding)",
 }

@@ -92,8 +92,13 @@ def translate(params: SamplingParams, dialect: Dialect, top_logprobs: int, endpo
 
 
 def json_value(name: str, value: Any) -> Any:
-    """A param's value as the request's JSON carries it: logit_bias is keyed by token ids written as strings."""
-    return {str(token): bias for token, bias in value.items()} if name == "logit_bias" else value
+    """A param's value as the request's JSON carries it: logit_bias is keyed by token ids written as strings; a
+    constraint is vLLM's structured_outputs object (the one server dialect that takes it)."""
+    if name == "logit_bias":
+        return {str(token): bias for token, bias in value.items()}
+    if name == "constraint":
+        return {"json" if kind == "json_schema" else kind: spec for kind, spec in value.items()}
+    return value
 
 
 def _parse_completions_choice(choice: dict[str, Any], out: Completion) -> None:

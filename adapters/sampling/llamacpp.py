@@ -80,7 +80,7 @@ def _vocab(model_path: Path) -> int:
 
 # the constraint and detokenisation params each mode takes (library: around llama-cpp-python's generate() loop, as
 # the llamacpp adapter applies them; server: llama-cpp-python's server's request fields)
-TAKEN = {"library": ("stop_token_ids", "logit_bias", "skip_special_tokens"), "server": ("logit_bias",)}
+TAKEN = {"library": ("stop_token_ids", "logit_bias", "skip_special_tokens", "constraint"), "server": ("logit_bias",)}
 
 
 def effective(model_path: Path, params: SamplingParams, dtype: str, mode: str = "library", last_n_tokens: int = 64,
@@ -104,7 +104,8 @@ def effective(model_path: Path, params: SamplingParams, dtype: str, mode: str = 
         repetition_scope=f"the last {last_n_tokens} generated tokens",
         frequency_penalty=kwargs["frequency_penalty"], presence_penalty=kwargs["presence_penalty"],
         max_new_tokens=params.max_new_tokens, seed=params.seed, logits_dtype="float32", processors=names,
-        **sent_fields(params, TAKEN[mode], stop_included=True),
+        **sent_fields(params, TAKEN[mode] if not (params.constraint and params.constraint.kind == "regex")
+                      else tuple(n for n in TAKEN[mode] if n != "constraint"), stop_included=True),
         sources={name: sources[KEYWORDS[name]] for name in KEYWORDS} | {"max_new_tokens": REQUEST},
         notes=notes,
         extra=settings_table(model_path, lambda key, value: _applies(model_path, gguf, key, value)))

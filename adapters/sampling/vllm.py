@@ -8,13 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from adapters.engines.vllm_offline import translate
+from adapters.engines.vllm_offline import sampling_kwargs, translate
 from adapters.http.client import translate as request_body
 from adapters.http.dialects import DIALECTS
 from adapters.sampling import vllm_beams
 from adapters.sampling.common import DEFAULT, MODEL_JSON, REQUEST, settings_table
 from harness.core.types import Effective
-from harness.core.vocabulary import SHAPING, SamplingParams
+from harness.core.vocabulary import SHAPING, Constraint, SamplingParams
 
 beam_search = vllm_beams.beam_search  # vLLM's own beam-search loops on the oracle (`parity explain`)
 FIELDS = SHAPING  # vLLM has a knob for each of them
@@ -52,7 +52,7 @@ def sampling_params(params: SamplingParams, mode: str, model_path: Path, generat
 
     if mode == "offline":
         native = translate(params).native_params
-        return VllmSamplingParams(**native), native
+        return VllmSamplingParams(**sampling_kwargs(native)), native
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
     body = request_body(params, DIALECTS["vllm"], 5, "completions", defaults).native_params
@@ -107,6 +107,7 @@ def request_fields(vllm_params: Any, model_path: Path) -> dict[str, Any]:
         bad_words = probe.bad_words_token_ids
     skip = vllm_params.skip_special_tokens
     return {"stop_token_ids": list(vllm_params.stop_token_ids or []) or None,
+            "constraint": described(vllm_params.structured_outputs),
             # it also decides whether the text of a stop token (EOS included) is kept where special tokens are not
             # skipped (vllm/v1/engine/detokenizer.py)
             "include_stop_str_in_output": vllm_params.include_stop_str_in_output if vllm_params.stop or not skip
@@ -114,6 +115,14 @@ def request_fields(vllm_params: Any, model_path: Path) -> dict[str, Any]:
             "no_repeat_ngram_size": None, "logit_bias": dict(vllm_params.logit_bias or {}) or None,
             "bad_words": bad_words, "skip_special_tokens": skip,
             "spaces_between_special_tokens": None if skip else vllm_params.spaces_between_special_tokens}
+
+
+def described(structured: Any) -> str | None:
+    """vLLM's structured-output params in the canonical constraint's words."""
+    if structured is None:
+        return None
+    fields = {"json_schema": structured.json, "regex": structured.regex, "choice": structured.choice}
+    return Constraint(**{k: v for k, v in fields.items() if v is not None}).described()
 
 
 def _applies(vllm_params: Any, key: str, value: Any) -> tuple[str, str]:

@@ -175,6 +175,7 @@ class Effective(Record):
     no_repeat_ngram_size: int | None = None
     logit_bias: dict[int, float] | None = None
     bad_words: list[list[int]] | None = None  # the token sequences banned for the request's bad words
+    constraint: str | None = None  # the constrained output it applies, described; None: unconstrained
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None  # None where special tokens are skipped (nothing to space)
     logits_dtype: str = ""  # the dtype the sampler works in

@@ -8,6 +8,8 @@ these fields through the helpers at the bottom of this module.
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -33,6 +35,44 @@ class ParamInfo:
     greedy_irrelevant: bool = False  # greedy decoding (an argmax) ignores it
     openai_field: str | None = None  # the field of the OpenAI completions API that carries it, if any
     meaning: str = ""
+
+
+class Constraint(BaseModel):
+    """Constrained output: exactly one of a JSON schema, a regular expression (matched whole) or a list of choices."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    json_schema: dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _exactly_one_valid(self) -> Constraint:
+        given = [k for k in ("json_schema", "regex", "choice") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of json_schema, regex, choice (found {given or 'none'})")
+        if self.regex is not None:
+            try:
+                re.compile(self.regex)
+            except re.error as exc:
+                raise ValueError(f"regex {self.regex!r} does not compile: {exc}") from None
+        if self.json_schema is not None:
+            import jsonschema
+
+            try:
+                jsonschema.validators.validator_for(self.json_schema).check_schema(self.json_schema)
+            except jsonschema.SchemaError as exc:
+                raise ValueError(f"json_schema is not a valid JSON schema: {exc.message}") from None
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ("json_schema", "regex", "choice") if getattr(self, k) is not None)
+
+    def described(self) -> str:
+        value = getattr(self, self.kind)
+        text = json.dumps(value, separators=(",", ":")) if self.kind != "regex" else repr(value)
+        return f"{self.kind} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
 class SamplingParams(BaseModel):
@@ -89,6 +129,9 @@ class SamplingParams(BaseModel):
         meaning="adds a fixed bias to the logits of given token ids (-100 bans, 100 forces)")] = None
     bad_words: Annotated[list[str] | None, ParamInfo(
         Group.CONSTRAINT, meaning="words that are never generated (their token sequences are banned)")] = None
+    constraint: Annotated[Constraint | None, ParamInfo(
+        Group.CONSTRAINT, meaning="constrained output: a JSON schema, a regex or a choice list the text must satisfy "
+                                  "(a scenario's constraint: block sets it on every engine but the reference)")] = None
     skip_special_tokens: Annotated[bool | None, ParamInfo(
         Group.DETOKENISATION, meaning="drop special tokens (EOS, chat markers) from the text")] = None
     spaces_between_special_tokens: Annotated[bool | None, ParamInfo(

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from adapters.contract import EngineDescription
 from harness.core.errors import ConfigError
-from harness.core.vocabulary import KNOBS, SamplingParams
+from harness.core.vocabulary import KNOBS, Constraint, SamplingParams
 from harness.scenario.yaml_source import YamlSource
 
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -157,6 +157,9 @@ class Scenario(Strict):
     explain: ExplainSettings = Field(default_factory=ExplainSettings)
     sampling: SamplingCheck | None = None
     invariance: InvarianceSettings | None = None
+    # constrained output for every engine but the reference (which answers unconstrained): the constraint verdicts
+    # judge those engines, and their token verdicts are informational (tokens: any) unless their expect says
+    constraint: Constraint | None = None
 
     @field_validator("engines")
     @classmethod
@@ -203,7 +206,10 @@ class Scenario(Strict):
         return self.engines[name].threads or self.threads
 
     def engine_expectation(self, name: str) -> Expectation:
-        return self.engines[name].expect or self.expect
+        expectation = self.engines[name].expect or self.expect
+        if self.constraint is not None and not self.engines[name].reference and self.engines[name].expect is None:
+            return expectation.model_copy(update={"tokens": "any"})  # the constraint verdicts judge it
+        return expectation
 
     def engine_timeouts(self, name: str) -> Timeouts:
         return self.engines[name].timeouts or self.timeouts
@@ -377,6 +383,7 @@ def load(path: str | Path, text: str | None = None) -> LoadedScenario:
             f"{len(prompts)} prompts x {points} grid points make {len(prompts) * points} cases, more than "
             f"{MAX_CASES}: split the scenario into several files"))
     base = spec.params.model_dump(exclude_unset=True)
+    constrained = {"constraint": spec.constraint.model_dump(exclude_none=True)} if spec.constraint else {}
     cases = []
     for point in _grid_points(spec.grid):
         suffix = ",".join(f"{k}={v}" for k, v in point.items())
@@ -384,7 +391,8 @@ def load(path: str | Path, text: str | None = None) -> LoadedScenario:
             per_engine = {}
             for name, engine in spec.engines.items():
                 try:
-                    per_engine[name] = SamplingParams(**{**base, **point, **engine.params})
+                    per_engine[name] = SamplingParams(**{**base, **point, **({} if engine.reference else constrained),
+                                                         **engine.params})
                 except ValidationError as exc:
                     where = ("engines", name, "params") if engine.params else ("grid",)
                     raise source.validation_error(exc, where) from None

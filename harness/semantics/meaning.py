@@ -8,7 +8,10 @@ from harness.core.vocabulary import PENALTIES, SamplingParams, meaning
 def param_differences(reference: SamplingParams, other: SamplingParams) -> dict[str, tuple]:
     """Canonical params that differ between two engines' requests: name -> (reference value, other value)."""
     ref, oth = reference.model_dump(), other.model_dump()
-    return {k: (ref[k], oth[k]) for k in ref if ref[k] != oth[k]}
+    differ = {k: (ref[k], oth[k]) for k in ref if ref[k] != oth[k]}
+    if "constraint" in differ:  # in words, not its model dump
+        differ["constraint"] = tuple(p.constraint.described() if p.constraint else None for p in (reference, other))
+    return differ
 
 
 def explain_differences(differences: dict[str, tuple]) -> str:

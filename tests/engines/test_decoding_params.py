@@ -104,3 +104,31 @@ def test_seed_004s_beam_example_runs_from_its_scenario(runs: dict[str, ParityRun
     warnings = " ".join(w for ws in run.results.warnings for w in ws)
     assert "early_stopping=True NOT APPLIED" in warnings and "no_repeat_ngram_size=2 NOT APPLIED" in warnings
     assert any("no_repeat_ngram_size: hf 2, vllm n/a" in text for _, text in run.meta["effective_differences"])
+
+
+@pytest.fixture(scope="module")
+def constrained(tmp_path_factory) -> ParityRun:
+    """The shipped constrained-output scenario on vLLM offline and llama.cpp (its server engine is covered by
+    `parity params`, which builds the server's request through vLLM's own request model)."""
+    tmp = tmp_path_factory.mktemp("constrained")
+    return parity("run", str(SCENARIOS / "constrained.yaml"), "--engines", "hf,vllm,llama.cpp", out=tmp / "out")
+
+
+def test_constrained_output_gets_the_metamorphic_verdicts(constrained: ParityRun) -> None:
+    assert constrained.code == 0, constrained.stdout[-3000:]
+    rows = pd.read_parquet(constrained.run_dir / "constraint.parquet").set_index(["engine", "case_id"])
+    for engine in ("vllm", "llama.cpp"):
+        people, capital = rows.loc[(engine, "people")], rows.loc[(engine, "capital")]
+        assert people.verdict == "unchanged" and people.reference_satisfies, people.explanation
+        assert capital.verdict == "steered" and capital.masked_step == 0 and capital.engine_satisfies
+        assert json.loads(capital.text)["name"]  # the schema's required fields are there
+    tokens = constrained.verdicts.set_index(["engine", "case_id"])
+    assert tokens.loc[("vllm", "capital")].verdict == "diverged" and tokens.loc[("vllm", "capital")].expected
+
+
+def test_params_show_which_engines_constrain(tmp_path) -> None:
+    run = parity("params", str(SCENARIOS / "constrained.yaml"))
+    assert run.code == 0, run.stderr[-2000:]
+    row = next(line for line in run.stdout.splitlines() if line.startswith("| constraint |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "-" and all(c.startswith("json_schema {") for c in cells[2:5]), cells

@@ -23,7 +23,7 @@ def not_applied(warnings: list[str]) -> set[str]:
 
 
 def test_the_groups_hold_the_new_params() -> None:
-    assert CONSTRAINTS == ("no_repeat_ngram_size", "logit_bias", "bad_words")
+    assert CONSTRAINTS == ("no_repeat_ngram_size", "logit_bias", "bad_words", "constraint")
     assert DETOKENISATION == ("skip_special_tokens", "spaces_between_special_tokens")
 
 
