@@ -54,6 +54,7 @@ class Capabilities:
     samples: bool = False  # N seeded samples of the first tokens per request (sampling parity)
     dtypes: tuple[str, ...] = DTYPES  # dtypes it runs; float64 here means it can serve as the noise floor
     server: bool = False  # talks HTTP to a server (started by the harness or attached by url)
+    text: bool = True  # returns the text of its answer (False: ids only, and the text verdicts pass it over)
     beam_search: bool = False  # honours num_beams with its own search, and its sampling code runs that search
     scores: bool = False  # score(): teacher-forced top-k logprobs of a given sequence, for an engine without traces
     # attached by url, its Engine only speaks HTTP and imports no engine package: the harness runs it in a thread

@@ -45,3 +45,10 @@ def svg_plot(series: dict[str, tuple[list[int], list[float]]], title: str, width
         parts.append(f'<text x="{left + 10 + 150 * i}" y="{height - 6}" font-size="11" fill="{colour}">'
                      f'{esc(name)}</text>')
     return "".join(parts) + "</svg>"
+
+
+def expected_table(table_id: str, headers: list[str], cells: list[list[str]], expected: list[bool]) -> str:
+    """A verdict family's table: a row not as expected is marked (class "no")."""
+    rows = "".join(f"<tr class='{'' if ok else 'no'}'>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>"
+                   for row, ok in zip(cells, expected, strict=True))
+    return f"<table id='{table_id}'><tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers) + f"</tr>{rows}</table>"

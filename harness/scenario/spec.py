@@ -31,6 +31,8 @@ class Expectation(Strict):
     pair shows on steps where both chose the same token. max_logprob_delta bounds that delta. prompt: see below."""
 
     tokens: Literal["exact", "benign_ties", "any"] = "exact"
+    # the text verdicts: exact (an answer that does not read as its own ids fails), any (reported, never failing)
+    text: Literal["exact", "any"] = "exact"
     max_logprob_delta: float | None = Field(None, gt=0)
     tie_margin: float | None = Field(None, ge=0)
     prompt: Literal["warn", "strict"] = "warn"  # strict: a prompt whose ids are off (a missing or doubled BOS,

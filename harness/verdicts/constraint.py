@@ -10,7 +10,7 @@ import pandas as pd
 from harness.compare import constraint_rules
 from harness.render import markdown
 from harness.render.console import console, print_table
-from harness.render.html_parts import esc
+from harness.render.html_parts import esc, expected_table
 from harness.render.page import Page
 from harness.verdicts.family import Judged, Judging, VerdictFamily
 
@@ -72,12 +72,8 @@ class ConstraintVerdicts(VerdictFamily):
         console.print(f"constraint: {rows.constraint.iloc[0]}")
 
     def html(self, rows: pd.DataFrame, page: Page) -> str:
-        out = [f"<p>{esc(INTRO)}</p><p>constraint: <code>{esc(rows.constraint.iloc[0])}</code></p>"
-               "<table id='constraint-table'><tr>" + "".join(f"<th>{esc(h)}</th>" for h in HEADERS) + "</tr>"]
-        for row, cells in zip(rows.itertuples(), constraint_rows(rows), strict=True):
-            out.append(f"<tr class='{'' if row.expected else 'no'}'>" + "".join(f"<td>{esc(c)}</td>" for c in cells)
-                       + "</tr>")
-        out.append("</table>")
+        out = [f"<p>{esc(INTRO)}</p><p>constraint: <code>{esc(rows.constraint.iloc[0])}</code></p>",
+               expected_table("constraint-table", HEADERS, constraint_rows(rows), rows.expected.astype(bool).tolist())]
         for row in rows.itertuples():
             out.append(f"<div class='case'><h3>{esc(row.case_id)} / {esc(row.engine)}</h3><p>reference "
                        f"(unconstrained):</p><pre>{esc(row.reference_text)}</pre><p>constrained:</p>"

@@ -13,7 +13,7 @@ from harness.compare import drift_rules
 from harness.core.types import Result, TraceResult
 from harness.render import markdown
 from harness.render.console import print_table
-from harness.render.html_parts import esc, svg_plot
+from harness.render.html_parts import esc, expected_table, svg_plot
 from harness.render.page import Page
 from harness.rundir.tables import read_parquet
 from harness.rundir.traces import Trace, row_chunks
@@ -82,12 +82,8 @@ class DriftVerdicts(VerdictFamily):
     def html(self, rows: pd.DataFrame, page: Page) -> str:
         """The per-case measures, the distribution of per-token KLD of each engine over all cases (sorted: the value
         at each percentile of tokens), and per case the KLD of each token."""
-        out = [f"<p>{esc(INTRO)}</p><table id='drift-table'><tr>" + "".join(f"<th>{esc(h)}</th>" for h in HEADERS)
-               + "</tr>"]
-        for row, cells in zip(rows.itertuples(), drift_rows(rows), strict=True):
-            out.append(f"<tr class='{'' if row.expected else 'no'}'>" + "".join(f"<td>{esc(c)}</td>" for c in cells)
-                       + "</tr>")
-        out.append("</table>")
+        out = [f"<p>{esc(INTRO)}</p>",
+               expected_table("drift-table", HEADERS, drift_rows(rows), rows.expected.astype(bool).tolist())]
         tokens = read_parquet(page.run_dir, TOKENS_TABLE, TOKEN_COLUMNS, required=False)
         if tokens is None or tokens.empty:
             return "".join(out)

@@ -18,8 +18,11 @@ STOP = 30  # SmolLM2's "." as a stop token id
 EOS = 2  # SmolLM2's <|im_end|>
 
 
+LLAMA_CPP = "  llama.cpp: {engine: llama.cpp}"
+LONG_PIECE = 24112  # "\n" and 37 spaces: 38 bytes, more than llama-cpp-python's 32-byte detokenize buffer
 VARIANTS: dict[str, dict] = {  # scenario name -> params beside greedy decoding
     "bias": {"logit_bias": {FORCED: 100.0}},
+    "long-piece": {"logit_bias": {LONG_PIECE: 100.0}, "max_new_tokens": 3},
     "bad-words": {"bad_words": ["Paris", " the"], "stop_token_ids": [STOP]},
     "ngram": {"no_repeat_ngram_size": 2, "max_new_tokens": 24},
     "raw-text": {"skip_special_tokens": False, "max_new_tokens": 24},
@@ -37,6 +40,7 @@ dtype: float32
 engines:
   hf: {{engine: hf, reference: true}}
   vllm: {{engine: vllm}}
+{LLAMA_CPP if name == "long-piece" else ""}
 prompts:
   - id: capital
     text: "The capital of France is"
@@ -58,6 +62,18 @@ def test_a_forcing_bias_is_applied_by_both_engines(runs: dict[str, ParityRun]) -
     for ids in results.token_ids:
         assert list(ids) == [FORCED] * 16
     assert runs["bias"].verdicts.expected.all()
+
+
+def test_a_token_longer_than_llama_cpp_pythons_buffer_vanishes_from_its_text(runs: dict[str, ParityRun]) -> None:
+    """llama-cpp-python 0.3.36's detokenize gives llama_token_to_piece 32 bytes and slices by its negative "too small"
+    answer, so a longer piece is dropped (llama-cpp-python#2362): the ids match, the text verdicts name it."""
+    tokens = runs["long-piece"].verdicts.set_index("engine")
+    assert set(tokens.loc[["vllm", "llama.cpp"]].verdict) == {"match"}
+    text = pd.read_parquet(runs["long-piece"].run_dir / "text.parquet").set_index(["engine", "case_id"])
+    assert text.loc[("vllm", "capital")].expected and text.loc[("hf", "capital")].text == ("\n" + " " * 37) * 3
+    dropped = text.loc[("llama.cpp", "capital")]
+    assert not dropped.expected and dropped.text == "" and dropped.text_check == "differs"
+    assert dropped.explanation.startswith("detokeniser: the text leaves the decoding of its own ids at character 0")
 
 
 def test_bad_words_never_appear_and_a_stop_token_id_ends_the_text(runs: dict[str, ParityRun]) -> None:

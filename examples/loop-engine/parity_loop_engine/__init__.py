@@ -98,5 +98,5 @@ DESCRIPTION = EngineDescription(
     name="loop", summary="example plugin: HF forward pass in a plain greedy loop (docs/adding-an-engine.md)",
     engine=Engine, options=Options,
     requirement=Requirement(module="transformers", distribution="transformers"),
-    capabilities=Capabilities(dtypes=("float32", "bfloat16", "float16")),
+    capabilities=Capabilities(dtypes=("float32", "bfloat16", "float16"), text=False),  # ids only: no detokeniser
     sampling=lambda options: SamplingCode("parity_loop_engine.sampling"))
