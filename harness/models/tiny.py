@@ -4,6 +4,14 @@ same weights, with SmolLM2's tokenizer. What makes a family different from Llama
 q and k norms, fused projections in the checkpoint, soft-capping, sliding windows shorter than the test prompts,
 learned positions), and every bias and norm weight is drawn away from its neutral init, so a map that reads the
 wrong module, or an engine that drops a bias, shows.
+
+The mixture-of-experts families (4 experts, 2 chosen per token) draw their routers so that routing ties are
+exercised: in every router, experts 0 and 1 score a and -a (one of them wins clearly at every position) and experts 2
+and 3 score b and b + 0.01 x noise (a near tie at every position). Where b lands between the two scores of a, experts
+2 and 3 straddle the top-2 boundary, a near tie between the last chosen and the first unchosen expert; where it lands
+above or below both, the boundary lies between the pair and one of a's experts, far apart. Which happens varies by
+position (tests/unit/test_tiny_models.py checks both occur on a test prompt). A score-correction bias (glm4_moe) is
+the same for experts 2 and 3, so it keeps their tie.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ class TinyFamily:
     what: str  # what the family adds to Llama, for the models list
     config: dict[str, Any] = field(default_factory=dict)  # on top of SHAPE (or instead of it: own_shape)
     own_shape: bool = False  # the family names its sizes its own way (GPT-2)
+    experts: int = 0  # routed experts per mixture-of-experts block (0: a dense family); 2 chosen per token
 
 
 FAMILIES: dict[str, TinyFamily] = {
@@ -48,6 +57,30 @@ FAMILIES: dict[str, TinyFamily] = {
     "glm4": TinyFamily("glm4", "Glm4Config", "Glm4ForCausalLM",
                        "ChatGLM's successor: partial rope, sandwich norms, fused gate/up, q/k/v biases",
                        {"head_dim": 32, "attention_bias": True}),
+    # mixture of experts: 4 experts of width 64, 2 chosen per token
+    "mixtral": TinyFamily("mixtral", "MixtralConfig", "MixtralForCausalLM",
+                          "mixture of experts: softmax over 4 experts, top 2, renormalised",
+                          {"head_dim": 32, "num_local_experts": 4, "num_experts_per_tok": 2}, experts=4),
+    "qwen3_moe": TinyFamily("qwen3_moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                            "mixture of experts: softmax top 2 of 4, renormalised (norm_topk_prob), q/k norms",
+                            {"head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                             "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}, experts=4),
+    "qwen2_moe": TinyFamily("qwen2_moe", "Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                            "mixture of experts: softmax top 2 of 4, not renormalised, a shared expert behind a "
+                            "sigmoid gate",
+                            {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                             "shared_expert_intermediate_size": 64, "norm_topk_prob": False,
+                             "decoder_sparse_step": 1, "mlp_only_layers": []}, experts=4),
+    # vLLM never ties GLM-4.5's lm_head to its embeddings (vllm#22460): a tied checkpoint loads with an unloaded head
+    # there, so this one is untied. DeepSeek V3 (sigmoid scoring too) does not run on vLLM 0.32's CPU build: its only
+    # MLA backend takes heads of 576 (kv_lora_rank 512 + rope 64) in bfloat16
+    "glm4_moe": TinyFamily("glm4_moe", "Glm4MoeConfig", "Glm4MoeForCausalLM",
+                           "mixture of experts: sigmoid scores with a score-correction bias, top 2 of 4, "
+                           "renormalised, a shared expert",
+                           {"head_dim": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                            "moe_intermediate_size": 64, "n_shared_experts": 1, "first_k_dense_replace": 0,
+                            "n_group": 1, "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 1.0,
+                            "tie_word_embeddings": False}, experts=4),
 }
 
 
@@ -60,13 +93,36 @@ def build(family: TinyFamily, tokenizer: Any) -> Any:
     ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
            "pad_token_id": tokenizer.pad_token_id}
     shape = {} if family.own_shape else SHAPE
-    config = getattr(transformers, family.config_class)(
-        vocab_size=len(tokenizer), tie_word_embeddings=True, initializer_range=0.5, **shape, **family.config, **ids)
+    config = getattr(transformers, family.config_class)(**{
+        "vocab_size": len(tokenizer), "tie_word_embeddings": True, "initializer_range": 0.5, **shape, **family.config,
+        **ids})
     torch.manual_seed(0)  # deterministic weights: the same tiny model on every machine
     model = getattr(transformers, family.model_class)(config).to(torch.float32)
     with torch.no_grad():
         for param in model.parameters():
             if param.dim() == 1:  # biases and norm weights: away from 0 and 1, so each one matters
                 param.add_(torch.randn_like(param) * 0.1)
+        if family.experts:
+            _draw_routers(model, family.experts)
     model.generation_config = GenerationConfig(**ids)
     return model
+
+
+def routers(model: Any, experts: int) -> list[Any]:
+    """The model's router modules (a [experts, hidden] weight), one per mixture-of-experts block, in layer order."""
+    return [m for name, m in model.named_modules()
+            if name.endswith("mlp.gate") and getattr(m, "weight", None) is not None and m.weight.shape[0] == experts]
+
+
+def _draw_routers(model: Any, experts: int) -> None:
+    """Each router's rows as the module docstring says: a, -a, b, b + 0.01 x noise (further experts, if any, random)."""
+    import torch
+
+    for router in routers(model, experts):
+        weight = router.weight
+        a, b = torch.randn(weight.shape[1]), torch.randn(weight.shape[1])
+        weight[0], weight[1], weight[2] = a, -a, b
+        weight[3] = b + 0.01 * torch.randn(weight.shape[1])
+        bias = getattr(router, "e_score_correction_bias", None)
+        if bias is not None:
+            bias[3] = bias[2]

@@ -38,7 +38,8 @@ EXTRA_ENGINES = {"gemma2": "  hf-sdpa: {engine: hf, options: {attn_implementatio
                  "mistral": "  llama.cpp: {engine: llama.cpp, expect: {tokens: any}}\n"}
 
 
-MAPPED = sorted(set(FAMILIES) - {UNMAPPED_FAMILY})
+# the mixture-of-experts families have no map yet (issue 58): tests/engines/test_moe_families.py runs them
+MAPPED = sorted(name for name, family in FAMILIES.items() if name != UNMAPPED_FAMILY and not family.experts)
 # phi3's vLLM engine also gets a drift verdict, measured at the logits; HF in bfloat16 differs from the float32
 # reference everywhere, which without a map can only be seen at the logits
 UNMAPPED_ENGINES = ("  vllm: {engine: vllm, drift: {max_mean_kld: 1.0e-6, min_top1_agreement: 1.0}}\n"
@@ -64,7 +65,7 @@ def explained(tmp_path_factory) -> dict[str, ParityRun]:
     for run_dir in (root / "reports").iterdir():
         name = json.loads((run_dir / "run.json").read_text())["scenario_name"]
         runs[name.removeprefix("tiny-")] = ParityRun(run.code, run.stdout, run.stderr, run_dir)
-    assert sorted(runs) == sorted(FAMILIES)
+    assert sorted(runs) == sorted([*MAPPED, UNMAPPED_FAMILY])
     return runs
 
 

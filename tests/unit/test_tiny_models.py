@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from harness.models.tiny import FAMILIES, build
+from harness.models.tiny import FAMILIES, build, routers
 
 
 @pytest.fixture(scope="module")
@@ -35,3 +35,26 @@ def test_what_each_family_adds_is_switched_on(tokenizer) -> None:
     assert configs["gemma2"].final_logit_softcapping and configs["gemma2"].attn_logit_softcapping
     assert configs["glm4"].attention_bias
     assert all(getattr(c, "head_dim", 32) == 32 for c in configs.values())
+    assert not configs["glm4_moe"].tie_word_embeddings  # vLLM never ties GLM-4.5's head (vllm#22460)
+    assert configs["qwen2_moe"].shared_expert_intermediate_size and not configs["qwen2_moe"].norm_topk_prob
+
+
+@pytest.mark.parametrize("family", sorted(name for name, family in FAMILIES.items() if family.experts))
+def test_routers_hold_near_ties_and_wide_margins_at_the_top_2_boundary(family: str, tokenizer) -> None:
+    """On a test prompt, every router has positions where the 2nd and 3rd expert scores are near-tied (under 0.1) and
+    positions where they are far apart (over 1), as the families' router draw intends."""
+    model = build(FAMILIES[family], tokenizer)
+    found = routers(model, FAMILIES[family].experts)
+    assert len(found) == model.config.num_hidden_layers
+    scores: list[torch.Tensor] = []
+    for router in found:
+        router.register_forward_hook(lambda module, args, out: scores.append(
+            next(t for t in (out if isinstance(out, tuple) else (out,)) if t.shape[-1] == 4)))
+    prompt = tokenizer("The capital of France is a city of art, history and food. Once upon a time",
+                       return_tensors="pt").input_ids
+    with torch.no_grad():
+        model(prompt)
+    for layer, logits in enumerate(scores):
+        ranked = logits.reshape(-1, 4).sort(-1, descending=True).values
+        margin = ranked[:, 1] - ranked[:, 2]
+        assert (margin < 0.1).any() and (margin > 1.0).any(), (layer, margin)
