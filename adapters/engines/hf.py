@@ -106,6 +106,21 @@ def translate(params: SamplingParams) -> Translation:
     return Translation(native_params=native, warnings=warnings)
 
 
+EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")  # config keys of a mixture of experts
+
+
+def experts_kwargs(model_path: Any, dtype: str) -> dict[str, str]:
+    """A mixture of experts in float64 (the noise floor) runs its experts eagerly: transformers' default grouped matmul
+    takes float32, bfloat16 and float16 only."""
+    import json
+    from pathlib import Path
+
+    if dtype != "float64":
+        return {}
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    return {"experts_implementation": "eager"} if any(config.get(key) for key in EXPERT_COUNTS) else {}
+
+
 class EosForbidden:
     """HF's min_new_tokens rule as a logits processor: EOS at -inf until `min_new` tokens are generated. HF's own
     (MinNewTokensLengthLogitsProcessor, and the MinLengthLogitsProcessor it derives) builds a vocabulary-wide mask with
@@ -133,7 +148,8 @@ class Engine:
         self.torch = torch
         self.model_path = setup.model_path
         self.model = AutoModelForCausalLM.from_pretrained(
-            setup.model_path, dtype=getattr(torch, setup.dtype), attn_implementation=self.options.attn_implementation)
+            setup.model_path, dtype=getattr(torch, setup.dtype), attn_implementation=self.options.attn_implementation,
+            **experts_kwargs(setup.model_path, setup.dtype))
         self.model.eval()
         apply_patch(self.options.patch, self.model)
         self.capture: Capture | None = None  # hooks attached on the first trace: idle outside a traced pass

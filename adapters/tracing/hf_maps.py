@@ -105,9 +105,18 @@ GLM4 = replace(
     fused=("gate", "up"),
 )
 
+# Mixture of experts (transformers 5): the router module returns (router logits, the chosen experts' weights, their
+# ids) with the batch flattened; the block returns [1, seq, hidden]
+MIXTRAL = replace(
+    LLAMA, name="hf-mixtral",
+    per_layer=(*LLAMA.per_layer[:7], tap("router", "mlp.gate"), tap("moe", "mlp"), tap("residual", "")),
+)
+QWEN3_MOE = replace(MIXTRAL, name="hf-qwen3_moe", per_layer=QWEN3.per_layer[:9] + MIXTRAL.per_layer[7:],
+                    rope=QWEN3.rope)
+
 # Gemma 3's multimodal model (model_type gemma3) nests the same text layers under other paths and configs: no map
 MAPS = {"llama": LLAMA, "qwen2": LLAMA, "mistral": LLAMA, "qwen3": QWEN3, "opt": OPT, "gpt2": GPT2,
-        "gemma2": GEMMA2, "gemma3_text": GEMMA3, "glm4": GLM4}
+        "gemma2": GEMMA2, "gemma3_text": GEMMA3, "glm4": GLM4, "mixtral": MIXTRAL, "qwen3_moe": QWEN3_MOE}
 
 # The stand-in for a model type without a map: no per-layer taps, the logits delivered by the adapter from the
 # model's own output (soft-capping and all)

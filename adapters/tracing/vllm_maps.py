@@ -92,7 +92,16 @@ GLM4 = replace(LLAMA, name="vllm-glm4", per_layer=(
     *LLAMA.per_layer[:5], tap("attn_post_norm", "post_self_attn_layernorm"), *LLAMA.per_layer[5:8],
     tap("ffn_post_norm", "post_mlp_layernorm"), LLAMA.per_layer[8]))
 
+# Mixture of experts: the router is a GateLinear (a linear layer: (output, bias)) inside the block, which returns the
+# chosen experts' weighted sum; Mixtral's block is block_sparse_moe
+MIXTRAL = replace(LLAMA, name="vllm-mixtral", per_layer=(
+    *LLAMA.per_layer[:6], tap("router", "block_sparse_moe.gate"), tap("moe", "block_sparse_moe"), LLAMA.per_layer[8]),
+    fused=("q", "k", "v"))
+QWEN3_MOE = replace(MIXTRAL, name="vllm-qwen3_moe", per_layer=(
+    *QWEN3.per_layer[:8], tap("router", "mlp.gate"), tap("moe", "mlp"), LLAMA.per_layer[8]))
+
 MAPS = {"llama": LLAMA, "qwen2": LLAMA, "mistral": LLAMA, "qwen3": QWEN3, "opt": OPT, "gpt2": GPT2,
+        "mixtral": MIXTRAL, "qwen3_moe": QWEN3_MOE,
         "gemma2": GEMMA2, "gemma3_text": GEMMA3, "glm4": GLM4}
 
 # The stand-in for a model type without a map: what the model returns (the hidden states after the final norm) is

@@ -11,9 +11,11 @@ from __future__ import annotations
 # some families apply before rope); q_rope/k_rope after rope; attn is the attention output before o_proj; attn_post_norm
 # a sandwich norm on o_proj's output before the residual add (Gemma's post_attention_layernorm); post_norm the norm
 # before the MLP (Llama's post_attention_layernorm, Gemma's pre_feedforward_layernorm); ffn_post_norm a sandwich norm
-# on the MLP's output; residual is the residual stream after the layer.
+# on the MLP's output; residual is the residual stream after the layer. A mixture-of-experts block has router (the
+# router logits, one per expert), shared_expert (where the family has one) and moe (the block's output) instead of
+# gate/up/mlp.
 LAYER_POINTS = ("input_norm", "q", "k", "v", "q_norm", "k_norm", "q_rope", "k_rope", "attn", "o_proj", "attn_post_norm",
-                "post_norm", "gate", "up", "mlp", "ffn_post_norm", "residual")
+                "post_norm", "gate", "up", "router", "shared_expert", "mlp", "moe", "ffn_post_norm", "residual")
 
 # Which part of the model a point's error implicates, in words a report can use.
 COMPONENT = {
@@ -28,6 +30,8 @@ COMPONENT = {
     "post_norm": "pre-MLP norm",
     "gate": "MLP (gate/up projection)", "up": "MLP (gate/up projection)",
     "mlp": "MLP (down projection / activation)",
+    "router": "MoE router (router logits)", "shared_expert": "MoE shared expert",
+    "moe": "MoE experts (the block's weighted sum of the chosen experts)",
     "ffn_post_norm": "post-MLP sandwich norm",
     "residual": "residual add",
     "final_norm": "final norm",
