@@ -113,10 +113,16 @@ MIXTRAL = replace(
 )
 QWEN3_MOE = replace(MIXTRAL, name="hf-qwen3_moe", per_layer=QWEN3.per_layer[:9] + MIXTRAL.per_layer[7:],
                     rope=QWEN3.rope)
+# a shared expert beside the routed ones, before its sigmoid gate (Qwen2-MoE) or ungated (GLM-4.5)
+QWEN2_MOE = replace(MIXTRAL, name="hf-qwen2_moe", per_layer=(
+    *MIXTRAL.per_layer[:8], tap("shared_expert", "mlp.shared_expert"), *MIXTRAL.per_layer[8:]))
+GLM4_MOE = replace(MIXTRAL, name="hf-glm4_moe", per_layer=(
+    *MIXTRAL.per_layer[:8], tap("shared_expert", "mlp.shared_experts"), *MIXTRAL.per_layer[8:]))
 
 # Gemma 3's multimodal model (model_type gemma3) nests the same text layers under other paths and configs: no map
 MAPS = {"llama": LLAMA, "qwen2": LLAMA, "mistral": LLAMA, "qwen3": QWEN3, "opt": OPT, "gpt2": GPT2,
-        "gemma2": GEMMA2, "gemma3_text": GEMMA3, "glm4": GLM4, "mixtral": MIXTRAL, "qwen3_moe": QWEN3_MOE}
+        "gemma2": GEMMA2, "gemma3_text": GEMMA3, "glm4": GLM4, "mixtral": MIXTRAL, "qwen3_moe": QWEN3_MOE,
+        "qwen2_moe": QWEN2_MOE, "glm4_moe": GLM4_MOE}
 
 # The stand-in for a model type without a map: no per-layer taps, the logits delivered by the adapter from the
 # model's own output (soft-capping and all)

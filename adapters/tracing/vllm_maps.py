@@ -99,9 +99,16 @@ MIXTRAL = replace(LLAMA, name="vllm-mixtral", per_layer=(
     fused=("q", "k", "v"))
 QWEN3_MOE = replace(MIXTRAL, name="vllm-qwen3_moe", per_layer=(
     *QWEN3.per_layer[:8], tap("router", "mlp.gate"), tap("moe", "mlp"), LLAMA.per_layer[8]))
+# the shared expert: Qwen2-MoE's module applies its sigmoid gate itself, so its down projection is HF's ungated output
+QWEN2_MOE = replace(MIXTRAL, name="vllm-qwen2_moe", per_layer=(
+    *LLAMA.per_layer[:6], tap("router", "mlp.gate"), tap("shared_expert", "mlp.shared_expert.down_proj"),
+    tap("moe", "mlp"), LLAMA.per_layer[8]))
+GLM4_MOE = replace(QWEN2_MOE, name="vllm-glm4_moe", per_layer=(
+    *LLAMA.per_layer[:6], tap("router", "mlp.gate"), tap("shared_expert", "mlp.shared_experts"), tap("moe", "mlp"),
+    LLAMA.per_layer[8]))
 
 MAPS = {"llama": LLAMA, "qwen2": LLAMA, "mistral": LLAMA, "qwen3": QWEN3, "opt": OPT, "gpt2": GPT2,
-        "mixtral": MIXTRAL, "qwen3_moe": QWEN3_MOE,
+        "mixtral": MIXTRAL, "qwen3_moe": QWEN3_MOE, "qwen2_moe": QWEN2_MOE, "glm4_moe": GLM4_MOE,
         "gemma2": GEMMA2, "gemma3_text": GEMMA3, "glm4": GLM4}
 
 # The stand-in for a model type without a map: what the model returns (the hidden states after the final norm) is

@@ -1,6 +1,6 @@
 """The tiny mixture-of-experts families (issue 58) in HF and vLLM's CPU build: they agree token for token in
-float32, routers with near ties included, and on the families with maps `parity explain` captures the router logits
-and the block's output in both engines, keeps the clean pair inside the noise floor (the float64 floor runs HF's
+float32, routers with near ties included, and `parity explain` captures the router logits, the shared expert and the
+block's output in both engines, keeps the clean pair inside the noise floor (the float64 floor runs HF's
 experts eagerly: its grouped matmul takes no float64) and names an expert's down projection scaled by 1.01 with its
 layer. One `parity explain` of a scenario per family, the HF and vLLM workers shared across them."""
 
@@ -18,7 +18,7 @@ from helpers import ParityRun, parity, write_scenario
 pytestmark = pytest.mark.engines
 
 MOE = sorted(name for name, family in FAMILIES.items() if family.experts)
-MAPPED = ("mixtral", "qwen3_moe")  # router and moe points in the HF and vLLM maps
+SHARED = ("qwen2_moe", "glm4_moe")  # a shared expert beside the routed ones
 FAULT_LAYER, FAULT_EXPERT = 1, 0  # expert 0 wins at about half of the positions (its router row is a, expert 1's -a)
 FAULT = """\
 def plant(model):
@@ -39,7 +39,7 @@ model: tiny-{family}
 engines:
   hf: {{engine: hf, reference: true}}
   vllm: {{engine: vllm}}
-{fault if family in MAPPED else ""}prompts:
+{fault}prompts:
   - {{id: p0, text: "The capital of France is a city of art, history and food. Once upon a time"}}
 params: {{temperature: 0, max_new_tokens: 12, ignore_eos: true}}
 """) for family in MOE]
@@ -60,7 +60,7 @@ def test_hf_and_vllm_agree_on_the_moe_family(runs: dict[str, ParityRun], family:
     assert verdicts.loc["vllm"].verdict == "match", verdicts.loc["vllm"].explanation
 
 
-@pytest.mark.parametrize("family", MAPPED)
+@pytest.mark.parametrize("family", MOE)
 def test_explain_reads_the_router_and_the_experts(runs: dict[str, ParityRun], family: str) -> None:
     found = located(runs[family])
     assert found["vllm"]["cause"] == "none", found["vllm"]["verdict"]  # no false alarm on the clean pair
@@ -71,4 +71,5 @@ def test_explain_reads_the_router_and_the_experts(runs: dict[str, ParityRun], fa
     points = pd.read_parquet(runs[family].run_dir / "explain" / "points.parquet")
     for engine in ("vllm", "fault"):  # both engines' routers and blocks captured, in every layer
         captured = set(points[points.engine == engine].point)
-        assert {f"layers.{n}.{p}" for n in (0, 1) for p in ("router", "moe")} <= captured, engine
+        wanted = ("router", "moe", "shared_expert") if family in SHARED else ("router", "moe")
+        assert {f"layers.{n}.{p}" for n in (0, 1) for p in wanted} <= captured, engine

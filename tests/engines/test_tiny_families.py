@@ -38,7 +38,7 @@ EXTRA_ENGINES = {"gemma2": "  hf-sdpa: {engine: hf, options: {attn_implementatio
                  "mistral": "  llama.cpp: {engine: llama.cpp, expect: {tokens: any}}\n"}
 
 
-# the mixture-of-experts families have no map yet (issue 58): tests/engines/test_moe_families.py runs them
+# the mixture-of-experts families: tests/engines/test_moe_families.py (their planted fault is an expert's)
 MAPPED = sorted(name for name, family in FAMILIES.items() if name != UNMAPPED_FAMILY and not family.experts)
 # phi3's vLLM engine also gets a drift verdict, measured at the logits; HF in bfloat16 differs from the float32
 # reference everywhere, which without a map can only be seen at the logits
