@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -112,9 +114,6 @@ EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")  # conf
 def experts_kwargs(model_path: Any, dtype: str) -> dict[str, str]:
     """A mixture of experts in float64 (the noise floor) runs its experts eagerly: transformers' default grouped matmul
     takes float32, bfloat16 and float16 only."""
-    import json
-    from pathlib import Path
-
     if dtype != "float64":
         return {}
     config = json.loads((Path(model_path) / "config.json").read_text())
@@ -239,7 +238,8 @@ class Engine:
         torch = self.torch
         translation = self.translate(request.params, request.top_logprobs)
         kwargs = generate_kwargs(translation.native_params, self.eos_ids, self.tokenizer)
-        kwargs.pop("stop_strings", None), kwargs.pop("tokenizer", None)
+        for unused in ("stop_strings", "tokenizer"):  # samples are drawn to max_new_tokens
+            kwargs.pop(unused, None)
         prompt = torch.tensor([request.prompt_ids])
         started = time.perf_counter()
         if self.options.prompt_lookup:  # drafting works on one sequence at a time

@@ -26,9 +26,10 @@ from adapters.contract import (
 )
 from adapters.engines.vllm_sockets import remove_socket_dir, socket_dir
 from adapters.engines.vllm_startup import lighten_vllm_startup
+from adapters.http.client import structured_outputs
 from adapters.tracing.capture import LOGITS_SLICE, Capture, run_traces
 from harness.core.types import Beam, EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
-from harness.core.vocabulary import Constraint, SamplingParams
+from harness.core.vocabulary import SamplingParams
 from harness.models.catalog import cache_root
 
 
@@ -117,18 +118,13 @@ def translate(params: SamplingParams, top_logprobs: int = 5) -> Translation:
         native["stop"] = list(params.stop)
     native.update({name: value for name in SAME_NAMED if (value := getattr(params, name)) is not None})
     if params.constraint:
-        native["structured_outputs"] = structured_outputs(params.constraint)
+        native["structured_outputs"] = structured_outputs(params.constraint.model_dump(exclude_none=True))
     return Translation(native_params=native, warnings=greedy_ignored(params) + ngram_not_applied(params))
 
 
 # canonical params vLLM's SamplingParams takes under the same name and meaning
 SAME_NAMED = ("stop_token_ids", "include_stop_str_in_output", "logit_bias", "bad_words", "skip_special_tokens",
               "spaces_between_special_tokens")
-
-
-def structured_outputs(constraint: Constraint) -> dict[str, Any]:
-    """A constraint as vLLM's StructuredOutputsParams fields (the server's structured_outputs request field)."""
-    return {"json" if constraint.kind == "json_schema" else constraint.kind: getattr(constraint, constraint.kind)}
 
 
 def sampling_kwargs(native: dict[str, Any]) -> dict[str, Any]:

@@ -97,8 +97,14 @@ def json_value(name: str, value: Any) -> Any:
     if name == "logit_bias":
         return {str(token): bias for token, bias in value.items()}
     if name == "constraint":
-        return {"json" if kind == "json_schema" else kind: spec for kind, spec in value.items()}
+        return structured_outputs(value)
     return value
+
+
+def structured_outputs(constraint: dict[str, Any]) -> dict[str, Any]:
+    """A constraint's set field (json_schema, regex or choice) as vLLM's StructuredOutputsParams fields, offline and
+    in the server's structured_outputs request field."""
+    return {"json" if kind == "json_schema" else kind: spec for kind, spec in constraint.items()}
 
 
 def _parse_completions_choice(choice: dict[str, Any], out: Completion) -> None:

@@ -49,7 +49,8 @@ def merged_config(model: Any, native: dict[str, Any], model_path: Path) -> Any:
     need one), the model's generation_config.json and HF's defaults."""
     tokenizer = tokenizer_of(model_path) if native.get("bad_words") else None
     kwargs = generate_kwargs(native, as_list(model.generation_config.eos_token_id), tokenizer)
-    kwargs.pop("tokenizer", None), kwargs.pop("stop_strings", None)
+    for not_config in ("tokenizer", "stop_strings"):  # generate() arguments, not generation-config fields
+        kwargs.pop(not_config, None)
     config, _ = model._prepare_generation_config(None, **kwargs)
     return config
 

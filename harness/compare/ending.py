@@ -40,14 +40,19 @@ def ended_by(result: Result, params: SamplingParams, eos_ids: set[int],
         return "stop_token"
     reason = (result.finish_reason or "").lower()
     if reason in STOP_REASONS:
-        texts = [result.text, decode(ids)] if decode is not None else [result.text]
-        if params.stop and any(stop in text for stop in params.stop for text in texts):
+        if params.stop and _holds_stop(result, params.stop, decode):
             return "stop_string"
         if len(ids) < params.max_new_tokens and not params.ignore_eos:
             return "eos_not_returned"
     if reason == "length" or len(ids) >= params.max_new_tokens:
         return "length"
     return ""
+
+
+def _holds_stop(result: Result, stops: list[str], decode: Callable[[list[int]], str] | None) -> bool:
+    if any(stop in result.text for stop in stops):
+        return True
+    return decode is not None and any(stop in decode(result.token_ids) for stop in stops)
 
 
 def as_compared(result: Result, how: str, eos_id: int | None) -> Result:

@@ -76,8 +76,7 @@ def answer_differences(baseline: list[Result], variant: list[Result]) -> list[tu
     for a, b in zip(baseline, variant, strict=True):
         problems = []
         if a.text != b.text:
-            problems.append(text_rules.text_difference(b.text, a.text).removeprefix("detokeniser: ")
-                            .replace("the decoding of its own ids", "the baseline's"))
+            problems.append(text_rules.text_difference(b.text, a.text, against="the baseline's", finding=""))
         if a.finish_reason.lower() != b.finish_reason.lower():
             problems.append(f"finish reason {a.finish_reason!r} against {b.finish_reason!r}")
         for r in (a, b):

@@ -52,10 +52,21 @@ def first_stop(ids: list[int], stops: list[str], decode: Callable[[list[int]], s
     if not found:
         return None
     char, stop = min(found)
-    end = char + len(stop)
-    step = next(i for i in range(len(ids)) if len(decode(ids[: i + 1])) >= end)
-    start_step = next(i for i in range(len(ids)) if len(decode(ids[: i + 1])) > char)
-    return StopMatch(stop, char, step, spans=start_step != step)
+    step = _first_prefix(ids, lambda text: text.startswith(stop, char), decode)
+    started = _first_prefix(ids, lambda text: text.startswith(stop[0], char), decode)
+    return StopMatch(stop, char, step, spans=started != step)
+
+
+def _first_prefix(ids: list[int], holds: Callable[[str], bool], decode: Callable[[list[int]], str]) -> int:
+    """The first token whose prefix's text holds (a bisection: once the text there holds, the longer ones do)."""
+    low, high = 0, len(ids) - 1
+    while low < high:
+        middle = (low + high) // 2
+        if holds(decode(ids[: middle + 1])):
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def readings(ids: list[int], decode: Callable[[list[int]], str], ends: set[int],
@@ -119,10 +130,11 @@ def usage_findings(usage: dict[str, int], generated: int, prompt_len: int) -> li
     return found
 
 
-def text_difference(text: str, expected: str) -> str:
-    """Where an engine's text first leaves the decoding of its own ids, in one sentence."""
+def text_difference(text: str, expected: str, against: str = "the decoding of its own ids",
+                    finding: str = "detokeniser: ") -> str:
+    """Where an engine's text first leaves what it is held to (the decoding of its own ids), in one sentence."""
     at = next((i for i, (a, b) in enumerate(zip(text, expected)) if a != b), min(len(text), len(expected)))
-    sentence = (f"detokeniser: the text leaves the decoding of its own ids at character {at}: "
+    sentence = (f"{finding}the text leaves {against} at character {at}: "
                 f"{_clip(text, at)!r} against {_clip(expected, at)!r}")
     if REPLACEMENT in text and REPLACEMENT not in expected:
         sentence += "; it holds U+FFFD where the ids decode to a whole character (a multi-byte character cut)"
