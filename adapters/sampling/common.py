@@ -76,12 +76,12 @@ def sent_fields(params: Any, taken: tuple[str, ...], skip_default: bool | None =
         return (default if given is None else given) if name in taken else None
 
     skip = value("skip_special_tokens", skip_default)
+    included = value("include_stop_str_in_output", stop_included) if "include_stop_str_in_output" in taken \
+        else stop_included
     return {"stop_token_ids": value("stop_token_ids"), "no_repeat_ngram_size": value("no_repeat_ngram_size"),
             "constraint": params.constraint.described() if params.constraint and "constraint" in taken else None,
             "logit_bias": value("logit_bias"), "bad_words": None, "skip_special_tokens": skip,
-            "include_stop_str_in_output": (value("include_stop_str_in_output", stop_included)
-                                           if "include_stop_str_in_output" in taken else stop_included)
-            if params.stop or skip is False else None,
+            "include_stop_str_in_output": included if params.stop or skip is False else None,
             "spaces_between_special_tokens": None if skip is not False
             else value("spaces_between_special_tokens", True)}
 

@@ -98,6 +98,10 @@ class Result(Record):
     usage: dict[str, int] = Field(default_factory=dict)  # a server's reported token counts (prompt_tokens, ...)
     deltas: list[str] = Field(default_factory=list)  # a streamed answer's text, chunk by chunk (empty: unstreamed)
 
+    def applied(self, param: str) -> bool:
+        """Whether the engine applied a param: its adapter warns `param=... NOT APPLIED` where it did not."""
+        return not any(w.startswith(f"{param}=") and "NOT APPLIED" in w for w in self.warnings)
+
     @classmethod
     def engine_error(cls, case_id: str, engine: str, error: str) -> Result:
         return cls(case_id=case_id, engine=engine, status="error", error=error)

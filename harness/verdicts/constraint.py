@@ -51,10 +51,9 @@ class ConstraintVerdicts(VerdictFamily):
                 if name == reference or constraint is None or result is None or result.status != "ok" \
                         or ref is None or ref.status != "ok":
                     continue
-                applied = not any(w.startswith("constraint=") and "NOT APPLIED" in w for w in result.warnings)
                 stops = [s for s in case.engine_params[name].stop or [] if s in judging.decode_ids(
                     result.token_ids, True)] if judging.decode_ids and result.finish_reason == "stop" else []
-                fields = constraint_rules.judge(constraint, ref, result, applied, judging.decode,
+                fields = constraint_rules.judge(constraint, ref, result, result.applied("constraint"), judging.decode,
                                                 lambda ids: judging.decode_ids(ids, True), stops[0] if stops else "")
                 rows.append({"case_id": case.case_id, "engine": name,
                              "expected": fields["verdict"] in constraint_rules.PASSING,

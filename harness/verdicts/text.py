@@ -91,7 +91,7 @@ def _judge(judging: Judging, case: Case, result: Result | None) -> dict | None:
     reading = text_rules.read_answer(
         result.text, result.token_ids, lambda ids: judging.decode_ids(ids, skip),
         ends=set(judging.eos_ids) | set(params.stop_token_ids or []), stops=stops,
-        stops_applied=not any(w.startswith("stop=") and "NOT APPLIED" in w for w in result.warnings),
+        stops_applied=result.applied("stop"),
         include_stop=effective.get("include_stop_str_in_output"), finish_reason=result.finish_reason,
         max_new_tokens=params.max_new_tokens, usage=result.usage, prompt_len=len(result.prompt_ids))
     findings = reading.findings + text_rules.delta_findings(result.deltas, result.text, stops,
