@@ -48,6 +48,21 @@ class DerivedRope:
 
 
 @dataclass(frozen=True)
+class Routes:
+    """Where a mixture-of-experts layer's own routing code returns the chosen experts (adapters.tracing.routes): a
+    module whose output, or an object whose `method`'s return, is a tuple holding the experts' weights and ids at
+    these indices. scoring and bias (a tensor's path, relative to the layer) are how the engine scores router logits
+    to choose, read only for the margin of its choice."""
+
+    module: str  # relative to the layer
+    method: str = ""  # "" : the module's forward output
+    weights: int = 1
+    ids: int = 2
+    scoring: str = "softmax"  # softmax | sigmoid
+    bias: str = ""  # a score-correction bias added to the scores before the choice
+
+
+@dataclass(frozen=True)
 class ArchMap:
     name: str
     layers: str  # path of the decoder layer list
@@ -57,6 +72,7 @@ class ArchMap:
     fused: tuple[str, ...] = ()  # canonical points this engine computes in a fused module, for the report
     rope: DerivedRope | None = None  # rope the adapter derives itself (None: captured, or the family has none)
     logits_softcap: str = ""  # config attribute of a final-logit soft cap the adapter applies to lm_head's output
+    routes: Routes | None = None  # a mixture-of-experts family: where each layer's chosen experts are returned
     missing: str = ""  # a logits-only stand-in: why there is no per-layer map (the adapter delivers the logits)
 
     @property

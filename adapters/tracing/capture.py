@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.tracing.arch_maps import ArchMap, Tap
+from adapters.tracing.routes import RouteCapture
 from adapters.tracing.writer import TraceWriter
 from harness.core.points import layer_point
 from harness.core.types import TraceRequest, TraceResult
@@ -44,6 +45,8 @@ class Capture:
         self.pending: set[str] = set()  # points streamed in chunks, not yet complete
         self.handles: list[Any] = []
         self._attach()
+        self.routes = RouteCapture(model, arch.layers, arch.routes, num_layers) if arch.routes else None
+        self.routing = False  # this pass collects the chosen experts (a full pass of a mixture-of-experts model)
 
     def _attach(self) -> None:
         modules = dict(self.model.named_modules())
@@ -146,6 +149,10 @@ class Capture:
               keep: tuple[str, ...] = (), logits_from: int = 0) -> None:
         self.writer, self.positions, self.logits_from, self.pending = writer, positions, logits_from, set()
         self.only = set(only) if only is not None else None
+        self.routing = self.routes is not None and only is None
+        if self.routes is not None and self.routing:
+            self.routes.begin()
+            keep = (*keep, *RouteCapture.router_points(self.num_layers))
         self.keep = {name: [] for name in keep}
 
     def wants(self, name: str) -> bool:
@@ -160,16 +167,27 @@ class Capture:
         finally:
             self.muted = set()
 
-    def end(self) -> None:
+    def end(self, trace: Path, metadata: dict[str, str]) -> Path | None:
+        """Close the pass; where it collected the chosen experts, write their table beside the trace (its path)."""
         incomplete = {name: self._pass_writer().rows(name) for name in self.pending}
-        self.writer, self.pending, self.keep = None, set(), {}
+        keep, routing = self.keep, self.routing
+        self.writer, self.pending, self.keep, self.routing = None, set(), {}, False
         if incomplete:
             raise RuntimeError(f"trace: points captured for only part of the positions: {incomplete}")
+        return self.routes.end(trace, self.positions, keep, metadata) if routing and self.routes else None
+
+    def abort(self) -> None:
+        """A pass that failed: nothing of it is kept."""
+        self.writer, self.pending, self.keep, self.routing = None, set(), {}, False
+        if self.routes is not None:
+            self.routes.chunks = None
 
     def close(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles = []
+        if self.routes is not None:
+            self.routes.close()
 
 
 def _rows(tensor: Any, tap: Tap) -> Any:
@@ -206,13 +224,11 @@ def trace_writer(request: TraceRequest, path: Path, store_dtype: Any) -> Any:
 
 
 def trace_result(engine_name: str, request: TraceRequest, path: Path, points: list[str], writer: Any,
-                 started: float) -> TraceResult:
-    import time
-
+                 started: float, routes: Path | None = None) -> TraceResult:
     errors = getattr(writer, "errors_path", None)
     return TraceResult(case_id=request.case_id, engine=engine_name, status="ok", path=str(path), points=points,
                        nonfinite=writer.nonfinite, timings={"trace_s": time.perf_counter() - started},
-                       errors=str(errors) if errors else "")
+                       errors=str(errors) if errors else "", routes=str(routes) if routes else "")
 
 
 def run_traces(engine_name: str, capture: Capture, requests: list[TraceRequest], workdir: Path, store_dtype: Any,
@@ -227,14 +243,14 @@ def run_traces(engine_name: str, capture: Capture, requests: list[TraceRequest],
         logits_from = logits_start(request)
         capture.begin(writer, len(request.token_ids), request.points, keep, logits_from)
         started = time.perf_counter()
+        about = {**metadata, "arch": capture.arch.name, "case_id": request.case_id}
         try:
             forward(request.token_ids, logits_from)
-            capture.end()
+            routes = capture.end(path, about)
         except BaseException:
-            capture.writer = None
+            capture.abort()
             writer.discard()
             raise
-        points = writer.close({**metadata, "arch": capture.arch.name, "fused": ",".join(capture.arch.fused),
-                               "case_id": request.case_id, "prompt_len": str(request.prompt_len),
+        points = writer.close({**about, "fused": ",".join(capture.arch.fused), "prompt_len": str(request.prompt_len),
                                "logits_from": str(logits_from), "missing_map": capture.arch.missing})
-        yield trace_result(engine_name, request, path, points, writer, started)
+        yield trace_result(engine_name, request, path, points, writer, started, routes)

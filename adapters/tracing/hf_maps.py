@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from adapters.tracing.arch_maps import ArchMap, DerivedRope, tap
+from adapters.tracing.arch_maps import ArchMap, DerivedRope, Routes, tap
 
 LLAMA = ArchMap(
     "hf-llama", "model.layers",
@@ -110,14 +110,17 @@ GLM4 = replace(
 MIXTRAL = replace(
     LLAMA, name="hf-mixtral",
     per_layer=(*LLAMA.per_layer[:7], tap("router", "mlp.gate"), tap("moe", "mlp"), tap("residual", "")),
+    routes=Routes("mlp.gate", weights=1, ids=2),
 )
 QWEN3_MOE = replace(MIXTRAL, name="hf-qwen3_moe", per_layer=QWEN3.per_layer[:9] + MIXTRAL.per_layer[7:],
                     rope=QWEN3.rope)
 # a shared expert beside the routed ones, before its sigmoid gate (Qwen2-MoE) or ungated (GLM-4.5)
 QWEN2_MOE = replace(MIXTRAL, name="hf-qwen2_moe", per_layer=(
     *MIXTRAL.per_layer[:8], tap("shared_expert", "mlp.shared_expert"), *MIXTRAL.per_layer[8:]))
+# GLM-4.5 chooses by sigmoid scores plus a score-correction bias held by its router
 GLM4_MOE = replace(MIXTRAL, name="hf-glm4_moe", per_layer=(
-    *MIXTRAL.per_layer[:8], tap("shared_expert", "mlp.shared_experts"), *MIXTRAL.per_layer[8:]))
+    *MIXTRAL.per_layer[:8], tap("shared_expert", "mlp.shared_experts"), *MIXTRAL.per_layer[8:]),
+    routes=Routes("mlp.gate", weights=1, ids=2, scoring="sigmoid", bias="mlp.gate.e_score_correction_bias"))
 
 # Gemma 3's multimodal model (model_type gemma3) nests the same text layers under other paths and configs: no map
 MAPS = {"llama": LLAMA, "qwen2": LLAMA, "mistral": LLAMA, "qwen3": QWEN3, "opt": OPT, "gpt2": GPT2,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from adapters.tracing.arch_maps import ArchMap, tap
+from adapters.tracing.arch_maps import ArchMap, Routes, tap
 
 QKV = tap("q k v", "self_attn.qkv_proj", split=("q", "kv", "kv"))
 ROPED = tap("q_rope k_rope", "self_attn.attn", "inputs")  # rotary_emb is one module shared by all layers
@@ -93,19 +93,21 @@ GLM4 = replace(LLAMA, name="vllm-glm4", per_layer=(
     tap("ffn_post_norm", "post_mlp_layernorm"), LLAMA.per_layer[8]))
 
 # Mixture of experts: the router is a GateLinear (a linear layer: (output, bias)) inside the block, which returns the
-# chosen experts' weighted sum; Mixtral's block is block_sparse_moe
+# chosen experts' weighted sum; Mixtral's block is block_sparse_moe. The experts are chosen in a method call, the
+# router's select_experts (returning weights, ids), not in a module
+ROUTES = Routes("mlp.experts.router", method="select_experts", weights=0, ids=1)
 MIXTRAL = replace(LLAMA, name="vllm-mixtral", per_layer=(
     *LLAMA.per_layer[:6], tap("router", "block_sparse_moe.gate"), tap("moe", "block_sparse_moe"), LLAMA.per_layer[8]),
-    fused=("q", "k", "v"))
+    fused=("q", "k", "v"), routes=replace(ROUTES, module="block_sparse_moe.experts.router"))
 QWEN3_MOE = replace(MIXTRAL, name="vllm-qwen3_moe", per_layer=(
-    *QWEN3.per_layer[:8], tap("router", "mlp.gate"), tap("moe", "mlp"), LLAMA.per_layer[8]))
+    *QWEN3.per_layer[:8], tap("router", "mlp.gate"), tap("moe", "mlp"), LLAMA.per_layer[8]), routes=ROUTES)
 # the shared expert: Qwen2-MoE's module applies its sigmoid gate itself, so its down projection is HF's ungated output
 QWEN2_MOE = replace(MIXTRAL, name="vllm-qwen2_moe", per_layer=(
     *LLAMA.per_layer[:6], tap("router", "mlp.gate"), tap("shared_expert", "mlp.shared_expert.down_proj"),
-    tap("moe", "mlp"), LLAMA.per_layer[8]))
+    tap("moe", "mlp"), LLAMA.per_layer[8]), routes=ROUTES)
 GLM4_MOE = replace(QWEN2_MOE, name="vllm-glm4_moe", per_layer=(
     *LLAMA.per_layer[:6], tap("router", "mlp.gate"), tap("shared_expert", "mlp.shared_experts"), tap("moe", "mlp"),
-    LLAMA.per_layer[8]))
+    LLAMA.per_layer[8]), routes=replace(ROUTES, scoring="sigmoid", bias="mlp.gate.e_score_correction_bias"))
 
 MAPS = {"llama": LLAMA, "qwen2": LLAMA, "mistral": LLAMA, "qwen3": QWEN3, "opt": OPT, "gpt2": GPT2,
         "mixtral": MIXTRAL, "qwen3_moe": QWEN3_MOE, "qwen2_moe": QWEN2_MOE, "glm4_moe": GLM4_MOE,

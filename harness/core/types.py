@@ -134,6 +134,7 @@ class TraceResult(Record):
     timings: dict[str, float] = Field(default_factory=dict)
     error: str = ""
     errors: str = ""  # a compared pass (TraceRequest.against): its per-position metrics file
+    routes: str = ""  # a mixture-of-experts model: the chosen experts' table (adapters.tracing.routes)
 
     @classmethod
     def engine_error(cls, case_id: str, engine: str, error: str) -> TraceResult:

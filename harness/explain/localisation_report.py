@@ -53,6 +53,19 @@ def localisation_lines(loc: dict[str, Any]) -> list[str]:
     return lines
 
 
+GRID_WIDTH = 120  # positions of the routing grid shown per line in summary.md (routing.parquet has them all)
+
+
+def routing_lines(routing: dict[str, Any]) -> list[str]:
+    """The routing view: one line per layer, one mark per position."""
+    lines = ["", f"Chosen experts per layer and position ({routing['legend']}):", "", "```"]
+    for line in routing["grid"]:
+        label, marks = line.split(": ", 1)
+        more = f" ... {len(marks) - GRID_WIDTH} more positions" if len(marks) > GRID_WIDTH else ""
+        lines.append(f"{label:>9}: {marks[:GRID_WIDTH]}{more}")
+    return [*lines, "```"]
+
+
 def write_markdown(path: Path, scenario: str, run_id: str, meta: dict[str, Any], decode: Callable[[int], str]) -> None:
     lines = [f"# explain: {scenario}, run {run_id}", "",
              f"- noise floor: {meta['floor']}; a capture point leaves it when its relative error exceeds "
@@ -83,5 +96,8 @@ def write_markdown(path: Path, scenario: str, run_id: str, meta: dict[str, Any],
                       f"| layer | error | floor | x floor (threshold {meta['k']:g}x) |", "|---|---|---|---|"]
             lines += [f"| {c['layer']} | {c['error']:.3g} | {c['floor']:.3g} | {c['error'] / c['floor']:.3g} |"
                       for c in loc["curve"]]
-    lines += ["", "Per point and position: `errors.parquet`; per point with floor and ratio: `points.parquet`."]
+        if loc.get("routing"):
+            lines += routing_lines(loc["routing"])
+    lines += ["", "Per point and position: `errors.parquet`; per point with floor and ratio: `points.parquet`; the "
+              "chosen experts compared per layer and position (a mixture-of-experts model): `routing.parquet`."]
     write_atomic(path, "\n".join(lines) + "\n")

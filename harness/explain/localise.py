@@ -18,6 +18,7 @@ import pandas as pd
 from pydantic import BaseModel, Field
 
 from harness.core.points import COMPONENT, parse
+from harness.explain import routing as routes
 
 Decode = Callable[[int], str]
 
@@ -62,6 +63,7 @@ class Localisation(BaseModel):
     first_difference: dict[str, Any] | None = None
     out_of_floor: dict[str, Any] | None = None
     curve: list[dict[str, Any]] = Field(default_factory=list)
+    routing: dict[str, Any] | None = None  # a mixture-of-experts model: the first routing difference and the grid
 
 
 def _fmt(value: float) -> str:
@@ -104,11 +106,11 @@ def error_curve(points: pd.DataFrame) -> list[dict[str, Any]]:
 def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str, prompt_equal: bool,
              divergence: Divergence | None, nonfinite: dict[str, dict[str, int]], fused: dict[str, set[str]],
              param_note: str, k: float, decode: Decode, ending: str = "", missing_map: str = "",
-             near_tie: bool = False) -> Localisation:
+             near_tie: bool = False, routing: pd.DataFrame | None = None) -> Localisation:
     """points: against_floor() output for this engine vs the reference, in forward order. ending: how the engines
     stop at different steps when the run judged them apart with no differing token to look at. missing_map: why
     no point inside the model was captured by both (only the logits were compared). near_tie: the run judged the
-    divergence a near-tie."""
+    divergence a near-tie. routing: both engines' chosen experts compared (harness.explain.routing.classify)."""
     if set(points["point"]) <= {"logits"}:
         return _logits_only(points, case_id=case_id, engine=engine, reference=reference, prompt_equal=prompt_equal,
                             divergence=divergence, nonfinite=nonfinite, k=k, decode=decode, ending=ending,
@@ -116,6 +118,10 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
     base = dict(case_id=case_id, engine=engine, reference=reference, k=k,
                 first_step=divergence.step if divergence else None,
                 divergence=divergence.model_dump() if divergence else None, curve=error_curve(points))
+    overall = routes.reading(routing) if routing is not None else None
+    routed = f" Routing: {routes.sentence(overall, engine)}." if overall else ""
+    if overall:
+        base["routing"] = {**overall, "grid": routes.grid(routing), "legend": routes.GRID_LEGEND}
     differs = points[points["error"] > 0]
     if len(differs):
         first = differs.iloc[0]
@@ -142,11 +148,15 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
         origin = ("its inputs agree exactly, so the difference starts here" if grew == float("inf")
                   else f"{_fmt(grew)}x the error of its inputs")
         since = base["out_of_floor"]["first_position"]
+        moe = _moe_reading(routing, row, engine) if routing is not None else None
+        if moe:
+            base["out_of_floor"]["routing"], cause, routed = moe[0], moe[1], ""
         verdict = (f"{_where(row['point'])} leaves the noise floor first (from position {since}): relative error "
                    f"{_fmt(row['error'])} is "
                    f"{_fmt(row['ratio'])}x the floor ({_fmt(row['floor'])}; threshold {k:g}x), {origin}. Candidate "
-                   f"cause: {cause}. {step_note}.")
-        return Localisation(cause="component", verdict=verdict, **base)
+                   f"cause: {cause}. {step_note}.{routed}")
+        benign = moe is not None and moe[0] == "near_tie_flip"
+        return Localisation(cause="near_tie" if benign else "component", verdict=verdict, **base)
     worst = points.loc[points["ratio"].idxmax()]
     within = (f"every capture point stays below the threshold ({k:g}x the floor; largest: {_where(worst['point'])} at "
               f"{_fmt(worst['ratio'])}x the floor)")
@@ -154,19 +164,38 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
     drift = (f"; the engines first differ at {_where(first['point'])} ({COMPONENT.get(parse(first['point'])[1])})"
              if first else "; the engines' activations are bit-identical")
     if divergence is None and ending:
-        return Localisation(cause="ending", verdict=f"{ending}; {within}{drift}", **base)
+        return Localisation(cause="ending", verdict=f"{ending}; {within}{drift}.{routed}", **base)
     if divergence is None:
-        return Localisation(cause="none", verdict=f"no divergence: {within}{drift}", **base)
+        return Localisation(cause="none", verdict=f"no divergence: {within}{drift}.{routed}", **base)
     if divergence.picked_after_logits:
         d = divergence
         verdict = (f"logits agree within noise but tokens differ: {within}; at step {d.step} the reference's raw "
                    f"logits rank {decode(d.ref_top[0])!r} first and it chose {decode(d.ref_token)!r}, {engine}'s "
                    f"rank {decode(d.engine_top[0])!r} first and it chose {decode(d.engine_token)!r}: the tokens "
                    "were picked after the logits, so the difference is in the sampler or penalty semantics")
-        return Localisation(cause="sampler", verdict=verdict + (f"; {param_note}" if param_note else ""), **base)
+        return Localisation(cause="sampler", verdict=verdict + (f"; {param_note}" if param_note else "") + routed,
+                            **base)
     verdict = (f"near-tie: {step_note[0].lower()}{step_note[1:]}; {within}{drift}; a drift this small flips only "
-               "near-tied tokens")
+               f"near-tied tokens.{routed}")
     return Localisation(cause="near_tie", verdict=verdict, **base)
+
+
+def _moe_reading(routing: pd.DataFrame, row: pd.Series, engine: str) -> tuple[str, str] | None:
+    """Where a mixture-of-experts point leaves the floor first: (kind, candidate cause in words) from the chosen
+    experts of its layer, or None for any other point."""
+    name = parse(row["point"])[1]
+    if name not in ("router", "moe"):
+        return None
+    found = routes.reading(routing, int(row["layer"]))
+    if found is None:
+        return None
+    if found["kind"] != "same":
+        return found["kind"], f"{row['component']}: {routes.sentence(found, engine)}"
+    if name == "router":
+        return None
+    chosen = routes.experts_at(routing, int(row["layer"]), int(row["worst_position"]))
+    return "expert_kernel", (f"{row['component']}: {routes.KIND_WORDS['expert_kernel']}; the experts chosen at "
+                             f"position {int(row['worst_position'])}: {{{chosen}}}")
 
 
 def _step_note(d: Divergence, decode: Decode, engine: str) -> str:

@@ -3,7 +3,8 @@ generated tokens) to every traceable engine and to the reference in higher preci
 canonical point, compare point by point and localise where and why the engines part.
 
 Writes into the run directory: engines/<name>/traces/<case>.safetensors (the captures), and explain/ with
-errors.parquet (per case, engine, point and position), points.parquet (per point: error, floor, ratio, whether it
+errors.parquet (per case, engine, point and position), routing.parquet (a mixture-of-experts model: the experts each
+engine chose per case, layer and position, compared), points.parquet (per point: error, floor, ratio, whether it
 leaves the floor), localisation.json and summary.md.
 """
 
@@ -23,6 +24,7 @@ from harness.core.types import Result, TraceRequest, TraceResult
 from harness.executors.engine_runs import Progress, run_engines
 from harness.explain.kept_rows import keep_rows
 from harness.explain.localise import Divergence, Localisation, localise
+from harness.explain.routing import classify, compare_routes, read_routes
 from harness.explain.trace_diff import against_floor, compare_traces, first_out, metrics_frame, summarize, top2
 from harness.explain.trace_passes import FORCED, plan_passes
 from harness.run.outcome import RunOutcome
@@ -127,6 +129,8 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
         write_parquet(explain_dir / "errors.parquet", pd.concat(per_position, ignore_index=True))
     if per_point:
         write_parquet(explain_dir / "points.parquet", pd.concat(per_point, ignore_index=True))
+    if found.routing:
+        write_parquet(explain_dir / "routing.parquet", pd.concat(found.routing, ignore_index=True))
     meta = {"k": k, "floor": passes.floor_name or "dtype rounding unit", "cases": [r.case_id for r in requests],
             "engines": {n: {"load_s": o.load_s, "model_loads": o.model_loads, "versions": o.versions}
                         for n, o in outcomes.items()},
@@ -143,6 +147,7 @@ class Compared:
     localisations: list[Localisation] = field(default_factory=list)
     per_position: list[pd.DataFrame] = field(default_factory=list)  # errors.parquet's rows, per engine and case
     per_point: list[pd.DataFrame] = field(default_factory=list)  # points.parquet's rows, per engine and case
+    routing: list[pd.DataFrame] = field(default_factory=list)  # routing.parquet's rows (mixture-of-experts models)
 
 
 def _compare_all(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFrame, requests: list[TraceRequest],
@@ -171,14 +176,16 @@ def _compare_all(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFrame
                 forced = traces.get((name + FORCED, request.case_id))
                 found.localisations.append(untraced(outcome, name, request.case_id, forced, decode))
                 continue
-            loc, frame, points = _explain_engine(outcome, results, steps, request, name,
-                                                 traces.get((name, request.case_id)), ref_result, floor_summary, k,
-                                                 decode)
+            loc, frame, points, routed = _explain_engine(outcome, results, steps, request, name,
+                                                         traces.get((name, request.case_id)), ref_result,
+                                                         floor_summary, k, decode)
             found.localisations.append(loc)
             if frame is not None:
                 notes += [f"{request.case_id}: {name}: {note}" for note in frame.attrs.get("notes", [])]
                 found.per_position.append(frame.assign(case_id=request.case_id, engine=name, compared_to=ref))
                 found.per_point.append(points.assign(case_id=request.case_id, engine=name))
+            if routed is not None:
+                found.routing.append(routed.assign(case_id=request.case_id, engine=name, compared_to=ref))
     return found
 
 
@@ -280,9 +287,16 @@ def _explain_engine(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFr
     if trace is None:
         return (Localisation(case_id=request.case_id, engine=name, reference=ref, cause="no_trace",
                              verdict=f"no trace from {name}: {_error(result)}"),
-                None, None)
+                None, None, None)
     frame = pass_frame(result, ref_result)
     points = first_out(against_floor(summarize(frame), floor_summary, spec.engine_dtype(ref), k), frame)
+    routed = classify(compare_routes(read_routes(ref_result.routes), read_routes(result.routes)), frame, points, k) \
+        if ref_result.routes and result.routes else None
+    if bool(ref_result.routes) != bool(result.routes):
+        blind = name if ref_result.routes else ref
+        frame.attrs.setdefault("notes", []).append(
+            f"the chosen experts are not compared: {blind}'s architecture map says nowhere its routing returns them "
+            "(the router logits and the block's output are compared as points where both capture them)")
     verdict = outcome.verdicts.set_index(["engine", "case_id"]).loc[(name, request.case_id)]
     divergence = None
     if verdict["verdict"] in ("diverged", "benign_tie") and verdict["first_divergence"] >= 0:
@@ -298,8 +312,8 @@ def _explain_engine(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFr
                    param_note=param_note, k=k, decode=decode, ending=ending,
                    missing_map="; ".join(dict.fromkeys(filter(None, (t.metadata.get("missing_map", "")
                                                                      for t in (ref_trace, trace))))),
-                   near_tie=verdict["verdict"] == "benign_tie")
-    return loc, frame, points
+                   near_tie=verdict["verdict"] == "benign_tie", routing=routed)
+    return loc, frame, points, routed
 
 
 def _ending(results: pd.DataFrame, ref: str, name: str, case_id: str, verdict: pd.Series) -> str:

@@ -3,6 +3,8 @@ starts, with each localisation's error curve against the noise floor) and `parit
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
 
 from harness.render.html_parts import esc, svg_plot
@@ -24,6 +26,7 @@ class _Localisation(BaseModel):
     cause: str
     verdict: str
     curve: list[_CurvePoint] = Field(default_factory=list)
+    routing: dict[str, Any] | None = None
 
 
 class _Explained(BaseModel):
@@ -60,8 +63,24 @@ def _explain_section(page: Page) -> str:
                                  "noise floor": (layers, [c.floor for c in loc.curve]),
                                  f"threshold ({data.k:g}x the floor)": (layers, [data.k * c.floor for c in loc.curve])},
                                 "residual stream after each layer: relative error (worst position)", xlabel="layer"))
+        if loc.routing:
+            out.append(_routing_view(loc.routing))
         out.append("</div>")
     return "".join(out)
+
+
+ROUTE_COLOUR = {"w": "#9a6700", "~": "#0969da", "r": "#8250df", "x": "#cf222e"}
+
+
+def _routing_view(routing: dict[str, Any]) -> str:
+    """The chosen experts compared per layer (rows) and position (columns), a mark per pair, differences coloured."""
+    lines = []
+    for line in routing["grid"]:
+        label, marks = line.split(": ", 1)
+        cells = "".join(f"<b style='color:{ROUTE_COLOUR[m]}'>{m}</b>" if m in ROUTE_COLOUR else m for m in marks)
+        lines.append(f"{esc(label):>9}: {cells}")
+    return (f"<p>Chosen experts per layer and position ({esc(routing['legend'])}):</p>"
+            f"<pre class='routing'>{chr(10).join(lines)}</pre>")
 
 
 def _transplant_section(page: Page) -> str:

@@ -1,0 +1,135 @@
+"""The chosen experts of a mixture-of-experts model, taken from where the engine's own routing code returns them
+(an architecture map's Routes): per layer and position the expert ids, their weights, and the margin by which the
+weakest chosen expert beat the strongest unchosen one in the engine's own selection scores.
+
+A routing decision is discrete, so it is not a capture point: it goes to a table of its own beside the trace,
+<case>.routes.safetensors (the trace layout, float64: per layer `layers.<i>.experts` and `layers.<i>.expert_weights`
+[positions, k], `layers.<i>.router_margin` [positions, 1]), compared by set equality and weight difference
+(harness.explain.routing). HF's router module returns (logits, weights, ids); vLLM routes in a method call
+(FusedMoERouter.select_experts) no module hook reaches, so the method is wrapped on the layer's router object.
+Nothing here chooses experts: the margin only reads the router logits (the `router` point, kept for the pass) through
+the engine's scoring function and its score-correction bias.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+from pathlib import Path
+from typing import Any
+
+from adapters.tracing.arch_maps import Routes
+from harness.core.points import layer_point
+from harness.rundir.traces import write_arrays
+
+ROUTER = "router"
+
+
+def routes_path(trace: Path) -> Path:
+    return trace.with_name(trace.name.replace(".safetensors", ".routes.safetensors"))
+
+
+class RouteCapture:
+    """Hooks every layer's routing call; between begin() and end() its returns are collected a chunk at a time."""
+
+    def __init__(self, model: Any, layers_path: str, routes: Routes, num_layers: int):
+        self.routes, self.num_layers = routes, num_layers
+        self.chunks: dict[int, list[tuple[Any, Any]]] | None = None
+        self.handles: list[Any] = []
+        self.biases: dict[int, Any] = {}
+        layers = _attribute(model, layers_path)
+        for index in range(num_layers):
+            target = _attribute(layers[index], routes.module)
+            if routes.bias:
+                self.biases[index] = _attribute(layers[index], routes.bias)
+            if routes.method:
+                self._wrap(target, index)
+            else:
+                self.handles.append(target.register_forward_hook(
+                    lambda _m, _args, output, index=index: self._on_return(index, output)))
+
+    def _wrap(self, target: Any, index: int) -> None:
+        method = getattr(target, self.routes.method)
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            output = method(*args, **kwargs)
+            self._on_return(index, output)
+            return output
+
+        setattr(target, self.routes.method, wrapped)
+        self.handles.append(_Unwrap(target, self.routes.method))
+
+    def _on_return(self, index: int, output: Any) -> None:
+        if self.chunks is not None:
+            ids, weights = output[self.routes.ids], output[self.routes.weights]
+            self.chunks[index].append((ids.detach().to("cpu").clone(), weights.detach().to("cpu").clone()))
+
+    def begin(self) -> None:
+        self.chunks = {index: [] for index in range(self.num_layers)}
+
+    @staticmethod
+    def router_points(num_layers: int) -> tuple[str, ...]:
+        """The points whose rows the margin reads (kept in memory for the pass)."""
+        return tuple(layer_point(index, ROUTER) for index in range(num_layers))
+
+    def end(self, trace: Path, positions: int, routers: dict[str, list[Any]], metadata: dict[str, str]) -> Path:
+        """Write the pass's table beside its trace (routers: the router points' rows of the pass); returns its path."""
+        import torch
+
+        chunks, self.chunks = self.chunks or {}, None
+        arrays = {}
+        for index, parts in chunks.items():
+            if not parts:
+                continue
+            ids = torch.cat([p[0] for p in parts]).long()
+            weights = torch.cat([p[1] for p in parts]).double()
+            if ids.shape[0] != positions:
+                raise RuntimeError(f"routes: layer {index} routed {ids.shape[0]} rows for {positions} positions")
+            name = layer_point(index, "")
+            arrays[name + "experts"] = ids.double().numpy()
+            arrays[name + "expert_weights"] = weights.numpy()
+            logits = routers.get(layer_point(index, ROUTER))
+            if logits:
+                arrays[name + "router_margin"] = self._margin(torch.cat(logits).double(), ids, index).numpy()
+        path = routes_path(trace)
+        write_arrays(path, arrays, {**metadata, "scoring": self.routes.scoring})
+        return path
+
+    def _margin(self, logits: Any, ids: Any, index: int) -> Any:
+        """Per position: the weakest chosen expert's selection score minus the strongest unchosen one's (negative
+        where the engine chose an expert its own scores rank below an unchosen one), in router-logit units: softmax
+        ranks as the logits do, so its margin is the logit gap; a sigmoid score's gap is divided by the sigmoid's
+        largest slope (1/4), so a logit difference of d can reorder experts only within a margin of 2d either way."""
+        import torch
+
+        scores = logits if self.routes.scoring == "softmax" else torch.sigmoid(logits)
+        if index in self.biases:
+            scores = scores + self.biases[index].detach().to("cpu").double()
+        chosen = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, ids, True)
+        weakest = scores.masked_fill(~chosen, float("inf")).min(dim=1).values
+        strongest = scores.masked_fill(chosen, float("-inf")).max(dim=1).values
+        slope = 1.0 if self.routes.scoring == "softmax" else 0.25
+        return ((weakest - strongest) / slope).unsqueeze(1)
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+class _Unwrap:
+    """A wrapped method's handle: remove() restores the object's own method."""
+
+    def __init__(self, target: Any, name: str):
+        self.target, self.name = target, name
+
+    def remove(self) -> None:
+        vars(self.target).pop(self.name, None)
+
+
+def _attribute(root: Any, path: str) -> Any:
+    """root.a.b.c for path 'a.b.c' (indices into module lists too: 'layers.3')."""
+    try:
+        return reduce(lambda obj, part: obj[int(part)] if part.isdigit() else getattr(obj, part), path.split("."),
+                      root)
+    except (AttributeError, IndexError) as exc:
+        raise RuntimeError(f"routes: the model has no {path} ({exc})") from exc

@@ -1,0 +1,70 @@
+"""The routing rules of harness.explain.routing on hand-made tables: sets compared as sets whatever order an engine
+returns them in, weights matched by expert id, and each difference read as the module docstring says."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from harness.explain import routing
+from harness.explain.routing import LayerRoutes
+
+
+def table(ids: list[list[int]], weights: list[list[float]], margins: list[float]) -> dict[int, LayerRoutes]:
+    ids_array, weights_array = np.array(ids), np.array(weights, dtype=float)
+    order = np.argsort(ids_array, axis=1)
+    return {0: LayerRoutes(np.take_along_axis(ids_array, order, 1), np.take_along_axis(weights_array, order, 1),
+                           np.array(margins, dtype=float))}
+
+
+def errors(router_diff: list[float], router_rel: list[float]) -> pd.DataFrame:
+    n = len(router_diff)
+    return pd.DataFrame({"point": "layers.0.router", "layer": 0, "position": np.arange(n),
+                         "max_abs": router_diff, "rel_l2": router_rel})
+
+
+POINTS = pd.DataFrame({"point": ["layers.0.router"], "floor": [1e-6], "threshold": [1e-5]})
+
+
+def classified(other: dict[int, LayerRoutes], diff: list[float], rel: list[float]) -> pd.DataFrame:
+    reference = table([[0, 1], [2, 3], [0, 2], [1, 3]], [[0.7, 0.3], [0.6, 0.4], [0.5, 0.5], [0.9, 0.1]],
+                      [1.0, 0.001, 2.0, 3.0])
+    return routing.classify(routing.compare_routes(reference, other), errors(diff, rel), POINTS, k=10)
+
+
+def test_the_same_experts_in_another_order_agree() -> None:
+    other = table([[1, 0], [3, 2], [2, 0], [3, 1]], [[0.3, 0.7], [0.4, 0.6], [0.5, 0.5], [0.1, 0.9]],
+                  [1.0, 0.001, 2.0, 3.0])
+    found = classified(other, [0.0] * 4, [0.0] * 4)
+    assert list(found["kind"]) == ["same"] * 4
+    assert routing.reading(found)["kind"] == "same"
+    assert routing.grid(found) == ["layer 0: ...."]
+
+
+def test_a_flip_within_what_the_router_difference_reorders_is_a_near_tie() -> None:
+    other = table([[0, 1], [2, 1], [0, 2], [1, 3]], [[0.7, 0.3], [0.6, 0.4], [0.5, 0.5], [0.9, 0.1]],
+                  [1.0, 0.002, 2.0, 3.0])
+    found = classified(other, [0.0, 0.001, 0.0, 0.0], [0.0, 1e-6, 0.0, 0.0])
+    assert list(found["kind"]) == ["same", "near_tie_flip", "same", "same"]
+    first = routing.reading(found)
+    assert (first["kind"], first["layer"], first["position"], first["near_tie_flips"]) == ("near_tie_flip", 0, 1, 1)
+    assert "near-tie (benign)" in routing.sentence(first, "vllm")
+
+
+def test_a_wide_flip_with_agreeing_logits_is_the_routing_rule_and_apart_logits_the_router() -> None:
+    other = table([[0, 1], [2, 3], [1, 3], [0, 2]], [[0.7, 0.3], [0.6, 0.4], [0.5, 0.5], [0.9, 0.1]],
+                  [1.0, 0.001, -2.0, 3.0])
+    found = classified(other, [0.0, 0.0, 0.0, 0.5], [0.0, 0.0, 0.0, 0.1])
+    assert list(found["kind"]) == ["same", "same", "routing_rule", "router"]
+    text = routing.sentence(routing.reading(found), "fault")
+    assert "without a tie" in text and "its own scores rank an unchosen expert above a chosen one" in text
+
+
+def test_the_same_experts_with_weights_apart_beyond_the_router_floor_is_weighting() -> None:
+    other = table([[0, 1], [2, 3], [0, 2], [1, 3]], [[0.7, 0.3], [0.6, 0.4], [0.5 + 1e-7, 0.5], [0.8, 0.2]],
+                  [1.0, 0.001, 2.0, 3.0])
+    found = classified(other, [0.0] * 4, [0.0] * 4)
+    assert list(found["kind"]) == ["same", "same", "same", "weighting"]  # 1e-7 is inside 10 x the floor
+    first = routing.reading(found)
+    assert (first["kind"], first["position"]) == ("weighting", 3)
+    assert routing.grid(found) == ["layer 0: ...w"]
