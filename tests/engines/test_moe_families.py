@@ -92,3 +92,14 @@ def test_the_invariance_knobs_run_on_a_moe_and_catch_a_batch_dependent_router(in
     honest, planted = (table.loc[(engine, "batch")] for engine in ("hf", "batch-router"))
     drift = {"honest": honest.max_abs_logprob_delta, "planted": planted.max_abs_logprob_delta}
     assert planted.verdict == "diverged" or drift["planted"] > 1000 * max(drift["honest"], 1e-9), drift
+
+
+def test_the_html_report_shows_the_routing_view(runs: dict[str, ParityRun]) -> None:
+    run = runs["mixtral"]
+    assert parity("report", str(run.run_dir)).code == 0
+    page = (run.run_dir / "report.html").read_text()
+    views = page.count("<pre class='routing'>")
+    assert views == 4, views  # one per engine compared with the reference
+    assert "color:#cf222e'>x</b>" in page  # the shifted rule's flips without a tie
+    summary = (run.run_dir / "explain" / "summary.md").read_text()
+    assert "Chosen experts per layer and position" in summary and "layer 1: " in summary
