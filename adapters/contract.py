@@ -63,6 +63,17 @@ class Capabilities:
 
 
 @dataclass(frozen=True)
+class LoraRules:
+    """What LoRA adapters an engine applies at serving time, in its own rules (checked before any engine loads)."""
+
+    source: str  # where the rules come from, for the error that quotes them
+    ranks: tuple[int, ...] | None = None  # the ranks it can be configured for (an adapter's rank up to the largest;
+    # the smallest one not below it is used); None: any rank
+    modules: tuple[str, ...] | None = None  # the module names it can adapt; None: any linear layer
+    package: str | None = None  # the package it applies adapters with, if not its own (checked where it runs here)
+
+
+@dataclass(frozen=True)
 class SamplingCode:
     """The module holding an engine's own sampling code (`effective`, `transplant`, optionally `LIMITS`) and the
     keyword arguments that select its path."""
@@ -139,6 +150,7 @@ class EngineDescription:
     # options -> the BOS rule of the engine's own model file, where the configuration names one (None: it reads the
     # scenario's folder, whose rule the harness already holds the prompt ids to)
     own_bos: Callable[[Any], OwnBosRule | None] | None = None
+    lora: LoraRules | None = None  # None: it cannot apply a LoRA adapter
 
     @property
     def factory(self) -> str:

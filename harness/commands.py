@@ -225,7 +225,8 @@ def params_and_print(scenario: LoadedScenario, selection: Selection, all_rows: b
                 console.print(f"  {name}: {note}", highlight=False, markup=False)
         rejected |= any(e.rejected for e in by_engine.values())
     for name in names:  # the weights an engine runs where they are not the model folder's (a GGUF's real types)
-        model_path = models.resolve(scenario.spec.model, scenario.spec.engine_dtype(name), str(scenario.path))
+        spec = scenario.spec
+        model_path = models.resolve(spec.engine_model(name), spec.engine_dtype(name), str(scenario.path))
         weights = scenario.description(name).weights_note(model_path, scenario.spec.engines[name].options)
         if weights:
             console.print(f"  {name}: weights {weights}", highlight=False, markup=False)

@@ -43,7 +43,7 @@ extra = tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependen
 print(next(re.sub(r'\[.*\]', '', r) for r in extra if r.startswith('llama-cpp-python')))")
 "$venv/bin/python" -m pip --disable-pip-version-check --quiet --quiet wheel --no-deps --wheel-dir "$venv/built" \
   "$llama_cpp"
-"${uv_pip[@]}" install --quiet --find-links "$venv/built" -e ".[cpu,vllm,lmdeploy-cpu,llamacpp,ray,test]"
+"${uv_pip[@]}" install --quiet --find-links "$venv/built" -e ".[cpu,vllm,lmdeploy-cpu,llamacpp,lora,ray,test]"
 "${uv_pip[@]}" install --quiet --no-deps $(read_list no-deps)
 "${uv_pip[@]}" uninstall --quiet $(read_list remove-after-install)
 echo "bootstrap: importing the engines once to leave their bytecode (about a minute)" >&2

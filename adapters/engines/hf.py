@@ -25,6 +25,8 @@ from adapters.contract import (
     top_k_of,
 )
 from adapters.engines.hf_kwargs import as_list, decode_text, generate_kwargs
+from adapters.engines.hf_lora import RULES as LORA_RULES
+from adapters.engines.hf_lora import with_adapter
 from adapters.tracing.arch_maps import ArchMap
 from adapters.tracing.capture import LOGITS_SLICE, Capture, run_traces
 from harness.core.points import layer_point, parse
@@ -149,7 +151,7 @@ class Engine:
         self.model = AutoModelForCausalLM.from_pretrained(
             setup.model_path, dtype=getattr(torch, setup.dtype), attn_implementation=self.options.attn_implementation,
             **experts_kwargs(setup.model_path, setup.dtype))
-        self.model.eval()
+        self.model = with_adapter(self.model, setup.lora, setup.dtype).eval()
         apply_patch(self.options.patch, self.model)
         self.capture: Capture | None = None  # hooks attached on the first trace: idle outside a traced pass
         self.eos_ids = set(as_list(self.model.generation_config.eos_token_id))
@@ -392,4 +394,4 @@ DESCRIPTION = EngineDescription(
     capabilities=Capabilities(traces=True, samples=True, dtypes=(*DTYPES, "float64"), beam_search=True),
     batch_size=16,  # generate() keeps every step's logits of the batch: 16 rows of SmolLM2 x 32 steps are 100 MB
     sampling=lambda options: SamplingCode("adapters.sampling.hf"), knobs=knobs,
-    worker_reuse=lambda options: ())
+    worker_reuse=lambda options: (), lora=LORA_RULES)

@@ -22,6 +22,7 @@ from adapters.contract import (
     EngineDescription,
     EngineOptions,
     Knob,
+    LoraRules,
     Requirement,
     greedy_ignored,
     request_knobs,
@@ -139,10 +140,12 @@ class Engine:
         options = Options(**setup.options)
         self.name, self.options = setup.name, options
         self.connect(setup.model_path, api_base(options.url), DIALECTS[options.dialect], options,
-                     auth_headers(options.api_key_env))
+                     auth_headers(options.api_key_env), adapter=setup.lora.name if setup.lora else None)
 
     def connect(self, model_path: Path, base_url: str, dialect: Dialect, options: ClientOptions,
-                headers: dict[str, str], server_alive: Callable[[], str | None] = lambda: None) -> None:
+                headers: dict[str, str], server_alive: Callable[[], str | None] = lambda: None,
+                adapter: str | None = None) -> None:
+        """adapter: the served name of a LoRA adapter the requests name (the options' model: still wins)."""
         self.client_options, self.dialect, self.base_url = options, dialect, base_url
         self.endpoint = options.endpoint or dialect.default_endpoint
         self.model_path = model_path
@@ -151,7 +154,7 @@ class Engine:
         http = connection_pool()
         models = http.get(f"{base_url}/models", headers=headers, timeout=30).json()
         served = [m["id"] for m in models.get("data", [])]
-        self.model = options.model or (served[0] if served else "")
+        self.model = options.model or adapter or (served[0] if served else "")
         self.server_version = models.get("version", "")
         self.dialect_warnings = dialect_check.check(dialect, base_url, headers, http)
         self.empty_token_id = min(eos_token_ids(model_path), default=None) if dialect.empty_token == "eos" else None
@@ -262,7 +265,9 @@ DESCRIPTION = EngineDescription(
     capabilities=Capabilities(server=True, http_only_client=True, beam_search=True), batch_size=None,
     beam_refusal=lambda options: beam_requests.refusal(DIALECTS[options.dialect]),
     sampling=lambda options: DIALECTS[options.dialect].sampling_code(options.defaults),
-    dialect=lambda options: options.dialect, knobs=lambda name, options: attached_knobs(name, options))
+    dialect=lambda options: options.dialect, knobs=lambda name, options: attached_knobs(name, options),
+    # the server applies it: requests name its served name, the rank and modules are the server's business
+    lora=LoraRules(source="the server's own LoRA support (requests name the adapter's served name)"))
 
 
 def attached_knobs(name: str, options: ClientOptions) -> Knob:

@@ -94,7 +94,8 @@ class ServedEngine(OpenAIEngine):
         else:
             base = self._start(setup, headers)
         alive = self.server.gone if self.server else (lambda: None)
-        self.connect(setup.model_path, base, DIALECTS[self.DIALECT], self.options, headers, alive)
+        self.connect(setup.model_path, base, DIALECTS[self.DIALECT], self.options, headers, alive,
+                     adapter=setup.lora.name if setup.lora else None)
 
     def launch(self, setup: EngineSetup, port: int) -> Launch:
         raise NotImplementedError

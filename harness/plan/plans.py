@@ -12,7 +12,7 @@ from typing import Any, Literal, NamedTuple
 from adapters import registry
 from harness import models
 from harness.core.errors import ConfigError, EngineUnavailable
-from harness.core.types import EngineSetup, Request, TraceRequest
+from harness.core.types import EngineSetup, LoraSetup, Request, TraceRequest
 from harness.plan.resources import ActorResources, engine_resources
 from harness.scenario.spec import LoadedScenario
 
@@ -31,6 +31,7 @@ class LoadKey(NamedTuple):
     model_path: str
     dtype: str
     options: str  # as sorted JSON
+    lora: str = ""  # the adapter's folder, where the engine applies one
 
 
 @dataclass
@@ -110,9 +111,9 @@ def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: li
     options = engine.options if options is None else options
     code = description.sampling_code(options)
     longest = max((_context(r) for r in requests), default=None)
-    setup = EngineSetup(name=plan_name, model_path=resolve(spec.model, dtype, str(scenario.path)),
+    setup = EngineSetup(name=plan_name, model_path=resolve(spec.engine_model(name), dtype, str(scenario.path)),
                         dtype=dtype, options=options, workdir=run_dir / "engines" / plan_name,
-                        trace=op == "trace", max_context=longest)
+                        trace=op == "trace", max_context=longest, lora=lora_setup(scenario, name))
     timeouts = spec.engine_timeouts(name)
     package = None if description.capabilities.server else description.requirement.module
     import_paths = [str(scenario.path.parent.resolve())]
@@ -124,12 +125,13 @@ def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: li
                       batch_size=engine.batch_size or description.batch_size or max(1, len(requests)),
                       requests=requests, load_timeout=timeouts.load,
                       case_timeout=timeouts.case, op=op,
-                      import_paths=import_paths, model=spec.model,
+                      import_paths=import_paths, model=spec.engine_model(name),
                       model_shared=spec.model_shared, resources=plan_resources(scenario, name, options),
                       attached_client=attached,
                       reuse_key=(description.factory, engine.python, spec.engine_threads(name), *import_paths,
                                  *shared) if shared is not None else None,
-                      load_key=None if attached else load_key(scenario, name, dtype, options, setup.model_path),
+                      load_key=None if attached else load_key(scenario, name, dtype, options, setup.model_path,
+                                                              setup.lora),
                       leaves_state=bool(options.get("patch")))
 
 
@@ -137,13 +139,30 @@ def engine_load_key(scenario: LoadedScenario, name: str) -> LoadKey:
     """The load key of a scenario's engine as the scenario configures it (its run, and its traces after)."""
     dtype = scenario.spec.engine_dtype(name)
     return load_key(scenario, name, dtype, scenario.spec.engines[name].options,
-                    models.resolve(scenario.spec.model, dtype, str(scenario.path)))
+                    models.resolve(scenario.spec.engine_model(name), dtype, str(scenario.path)),
+                    lora_setup(scenario, name))
 
 
-def load_key(scenario: LoadedScenario, name: str, dtype: str, options: dict[str, Any], model_path: Path) -> LoadKey:
+def load_key(scenario: LoadedScenario, name: str, dtype: str, options: dict[str, Any], model_path: Path,
+             lora: LoraSetup | None = None) -> LoadKey:
     spec, engine = scenario.spec, scenario.spec.engines[name]
     return LoadKey(scenario.description(name).factory, engine.python, spec.engine_threads(name),
-                   str(scenario.path.parent.resolve()), str(model_path), dtype, json.dumps(options, sort_keys=True))
+                   str(scenario.path.parent.resolve()), str(model_path), dtype, json.dumps(options, sort_keys=True),
+                   lora.path if lora else "")
+
+
+def lora_setup(scenario: LoadedScenario, name: str) -> LoraSetup | None:
+    """The adapter an engine applies at serving time (the scenario checked it can), as its worker is given it."""
+    from harness.models import catalog, lora
+
+    value = scenario.spec.engine_lora(name)
+    if value is None:
+        return None
+    folder = catalog.adapter_folder(value)
+    rank = lora.read(folder).rank
+    rules = scenario.description(name).lora
+    allowed = [r for r in (rules.ranks if rules and rules.ranks else ()) if r >= rank]
+    return LoraSetup(path=str(folder), name=lora.served_name(value), rank=rank, max_rank=min(allowed, default=rank))
 
 
 def plan_resources(scenario: LoadedScenario, name: str, options: dict[str, Any] | None = None) -> ActorResources:

@@ -104,11 +104,13 @@ def build(run_dir: Path, stem: str = "report") -> tuple[str, dict[str, str]]:
     body += ["<h2>Params</h2><p>Rows where the engines were given different canonical params are marked.</p>",
              _params_table(results), "<h3>Effective params (each engine's own code, first case)</h3>",
              _effective_table(results), "<h2>Engines and machine</h2><table id='engines'><tr><th>engine</th>"
-             "<th>type</th><th>dtype</th><th>threads</th><th>versions</th><th>load s</th><th>warnings</th></tr>"]
+             "<th>type</th><th>model</th><th>dtype</th><th>threads</th><th>versions</th><th>load s</th>"
+             "<th>warnings</th></tr>"]
     for name, e in meta.engines.items():
         versions = ", ".join(f"{k} {v}" for k, v in e.versions.items())
         warnings = "<br>".join(esc(w) for w in meta.warnings.get(name, []))
-        body.append(f"<tr><td>{esc(name)}</td><td>{esc(e.engine)}</td><td>{esc(e.dtype)}</td>"
+        model = _model_name(Path(e.model_path)) + (f" + LoRA {Path(e.lora).name}" if e.lora else "")
+        body.append(f"<tr><td>{esc(name)}</td><td>{esc(e.engine)}</td><td>{esc(model)}</td><td>{esc(e.dtype)}</td>"
                     f"<td>{esc(e.threads)}</td><td>{esc(versions)}</td>"
                     f"<td>{esc(', '.join(f'{s:.1f}' for s in e.load_s))}</td><td>{warnings}</td></tr>")
     machine = ", ".join(f"{k}: {v}" for k, v in meta.machine.items())
@@ -116,6 +118,11 @@ def build(run_dir: Path, stem: str = "report") -> tuple[str, dict[str, str]]:
     further = {name: document(f"{meta.scenario_name}: {title}", f"<h1>{esc(meta.scenario_name)}: {esc(title)}</h1>"
                               + part) for name, (title, part) in page.further.items()}
     return document(meta.scenario_name, "\n".join(body)), further
+
+
+def _model_name(folder: Path) -> str:
+    """A model folder's name (a cached model's, not its dtype variant's)."""
+    return folder.parent.name if folder.name in ("float32", "bfloat16") else folder.name
 
 
 def document(title: str, body: str) -> str:

@@ -71,7 +71,8 @@ class Tokenized:
 
 def tokenized(scenario: LoadedScenario) -> Tokenized:
     spec = scenario.spec
-    tokenizer = load_tokenizer(models.resolve(spec.model, spec.engine_dtype(spec.reference), str(scenario.path)))
+    reference = models.resolve(spec.reference_model, spec.engine_dtype(spec.reference), str(scenario.path))
+    tokenizer = load_tokenizer(reference)
     prompts = list({c.prompt.id: c.prompt for c in scenario.cases}.values())
     ids = tokenize_prompts(tokenizer, prompts, str(scenario.path))
     return Tokenized(tokenizer, ids, check_prompts(tokenizer, prompts, ids), check_engine_prompts(scenario, prompts,

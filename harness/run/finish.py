@@ -38,6 +38,7 @@ def engine_meta(plan: EnginePlan, outcome: EngineOutcome) -> EngineMeta:
     return EngineMeta(engine=plan.engine, dtype=plan.dtype, threads=plan.threads, options=plan.setup.options,
                       env={"OMP_NUM_THREADS": str(plan.threads), "OMP_WAIT_POLICY": "passive"},
                       python=plan.python or sys.executable, model_path=str(plan.setup.model_path),
+                      lora=plan.setup.lora.path if plan.setup.lora else "",
                       versions=outcome.versions, load_s=outcome.load_s, model_loads=outcome.model_loads,
                       worker_pids=outcome.worker_pids,
                       restarts=outcome.restarts, phases=phases)
@@ -49,7 +50,7 @@ def finish(run: PendingRun, outcomes: dict[str, EngineOutcome], interrupted: boo
     directory."""
     scenario, run_dir, plans = run.scenario, run.run_dir, run.plans
     spec = scenario.spec
-    ref_path = models.resolve(spec.model, spec.engine_dtype(spec.reference), str(scenario.path))
+    ref_path = models.resolve(spec.reference_model, spec.engine_dtype(spec.reference), str(scenario.path))
     write_started = time.perf_counter()
 
     for plan in plans:  # engines with nothing left to run keep what their first session recorded

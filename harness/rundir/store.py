@@ -41,6 +41,7 @@ class EngineMeta(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     python: str
     model_path: str
+    lora: str = ""  # the LoRA adapter's folder it applied at serving time
     versions: dict[str, str] = Field(default_factory=dict)
     load_s: list[float] = Field(default_factory=list)
     model_loads: int = 0  # engines constructed for the run's plan (0: served by one left loaded by a plan before)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from adapters.contract import EngineDescription
 from harness.core.errors import ConfigError
 from harness.core.vocabulary import KNOBS, Constraint, SamplingParams
+from harness.scenario.lora_check import lora_problem
 from harness.scenario.yaml_source import YamlSource
 
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -111,6 +112,10 @@ class Resources(Strict):
 class EngineSpec(Strict):
     engine: str
     reference: bool = False
+    # a model of its own (a merged adapter: `smollm2-135m+lora-smollm2`); prompt ids still come from the reference's
+    # tokenizer, and the scenario's `lora:` does not apply to it
+    model: str | None = None
+    lora: str | None = None  # a LoRA adapter (named or a PEFT folder) instead of the scenario's; "none": no adapter
     options: dict[str, Any] = Field(default_factory=dict)
     params: dict[str, Any] = Field(default_factory=dict)
     dtype: Dtype | None = None
@@ -159,6 +164,9 @@ class Scenario(Strict):
     explain: ExplainSettings = Field(default_factory=ExplainSettings)
     sampling: SamplingCheck | None = None
     invariance: InvarianceSettings | None = None
+    # a LoRA adapter every engine running the scenario's model applies at serving time: a named adapter
+    # (harness.models.lora) or a PEFT folder
+    lora: str | None = None
     # constrained output for every engine but the reference (which answers unconstrained): the constraint verdicts
     # judge those engines, and their token verdicts are informational (tokens: any) unless their expect says
     constraint: Constraint | None = None
@@ -203,6 +211,22 @@ class Scenario(Strict):
 
     def engine_dtype(self, name: str) -> str:
         return self.engines[name].dtype or self.dtype
+
+    def engine_model(self, name: str) -> str:
+        return self.engines[name].model or self.model
+
+    def engine_lora(self, name: str) -> str | None:
+        """The adapter this engine applies: its own `lora:` ("none": none), else the scenario's where the engine
+        runs the scenario's model."""
+        engine = self.engines[name]
+        if engine.lora is not None:
+            return None if engine.lora == "none" else engine.lora
+        return self.lora if engine.model is None else None
+
+    @property
+    def reference_model(self) -> str:
+        """The model whose tokenizer gives every engine's prompt ids."""
+        return self.engine_model(self.reference)
 
     def engine_threads(self, name: str) -> int:
         return self.engines[name].threads or self.threads
@@ -312,6 +336,10 @@ def _check_model(source: YamlSource, spec: Scenario) -> None:
         name_problem(spec.model) and f"'{shown(spec.model)}' {name_problem(spec.model)}: give the path of the folder"
     if problem:
         raise source.error(("model",), problem)
+    for name, engine in spec.engines.items():
+        problem = engine.model and models.model_problem(engine.model)
+        if problem:
+            raise source.error(("engines", name, "model"), problem)
 
 
 def _check_engines(source: YamlSource, spec: Scenario) -> dict[str, EngineDescription]:
@@ -330,7 +358,7 @@ def _check_engines(source: YamlSource, spec: Scenario) -> dict[str, EngineDescri
         except ValidationError as exc:
             raise source.validation_error(exc, ("engines", name, "options")) from None
         problem = description.dtype_problem(spec.engine_dtype(name), engine.options) or \
-            models.dtype_problem(spec.model, spec.engine_dtype(name))
+            models.dtype_problem(spec.engine_model(name), spec.engine_dtype(name))
         if problem:
             where = ("engines", name, "dtype") if engine.dtype else ("dtype",) if "dtype" in source.data \
                 else ("engines", name)
@@ -338,6 +366,10 @@ def _check_engines(source: YamlSource, spec: Scenario) -> dict[str, EngineDescri
                                       f"(engines.{name}.dtype: {description.capabilities.dtypes[0]})")
     for name in spec.engines:
         _check_drift(source, spec, name, descriptions)
+        problem = lora_problem(spec.engine_lora(name), spec.engine_model(name), name, descriptions[name])
+        if problem:
+            where = ("engines", name, "lora") if spec.engines[name].lora else ("lora",)
+            raise source.error(where, problem)
     return descriptions
 
 

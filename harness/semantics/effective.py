@@ -130,8 +130,8 @@ def compute(scenario: LoadedScenario, names: list[str]) -> dict[str, dict[str, E
                            for c in scenario.cases}
             continue
         dtype = scenario.spec.engine_dtype(name)
-        own = {"module": code.module, "kwargs": code.kwargs, "model_path": str(models.resolve(scenario.spec.model,
-                                                                                             dtype)), "dtype": dtype}
+        model_path = models.resolve(scenario.spec.engine_model(name), dtype)
+        own = {"module": code.module, "kwargs": code.kwargs, "model_path": str(model_path), "dtype": dtype}
         groups: dict[str, list[str]] = {}
         for case in scenario.cases:
             groups.setdefault(case.engine_params[name].model_dump_json(), []).append(case.case_id)

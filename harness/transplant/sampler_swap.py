@@ -115,7 +115,7 @@ def transplant_run(outcome: RunOutcome, scenario: LoadedScenario, names: list[st
             continue
         dtype = spec.engine_dtype(name)
         code = scenario.description(name).sampling_code(engine.options)
-        model_path = models.resolve(spec.model, dtype, str(scenario.path))
+        model_path = models.resolve(spec.engine_model(name), dtype, str(scenario.path))
         # engines of one interpreter and sampling module share a process (three vLLM engines import vLLM once)
         job = jobs.setdefault((engine.python, code.module if code else name), SamplingJob(
             "transplant", name, code, model_path, dtype, [], engine.python, spec.engine_threads(name)))
@@ -125,7 +125,7 @@ def transplant_run(outcome: RunOutcome, scenario: LoadedScenario, names: list[st
     for job in jobs.values():  # a failure names every engine the job served
         job.engine = ", ".join(job.engines)
     answers = _run_jobs(list(jobs.values()))
-    tokenizer = load_tokenizer(models.resolve(spec.model, spec.engine_dtype(ref), str(scenario.path)))
+    tokenizer = load_tokenizer(models.resolve(spec.reference_model, spec.engine_dtype(ref), str(scenario.path)))
     verdicts, steps = judge(ref, names, requests, answers, rejected, logits, lambda t: tokenizer.decode([int(t)]))
     if not steps.empty:
         write_parquet(out_dir / "steps.parquet", steps)

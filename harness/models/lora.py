@@ -1,0 +1,155 @@
+"""LoRA adapters: the named tiny adapters the project builds (seeded, like the tiny models), how an adapter folder is
+read, and why one cannot be used. An adapter is a PEFT folder: adapter_config.json (rank `r`, `lora_alpha`,
+`target_modules`, `use_rslora`, `base_model_name_or_path`) and adapter_model.safetensors with, per adapted module,
+`base_model.model.<module>.lora_A.weight` [r, in] and `lora_B.weight` [out, r]; the module's output becomes
+base(x) + scale * B(A(x)), scale = lora_alpha / r (lora_alpha / sqrt(r) with use_rslora).
+
+The named adapters adapt every projection of every layer (q, k, v, o, gate, up, down) with rank 8, alpha 16, and
+B drawn away from zero (PEFT initialises it to zero, which would make an adapter that changes nothing): each
+module's update B A is scaled to a tenth of its base weight's norm, so an engine that drops one module shows.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+UPDATE_NORM = 0.1  # ||scale * B A|| / ||W|| of every adapted module of a named adapter
+
+
+@dataclass(frozen=True)
+class NamedAdapter:
+    name: str
+    base: str  # the named model it adapts
+    rank: int = 8
+    alpha: int = 16
+    seed: int = 0
+
+    @property
+    def description(self) -> str:
+        return (f"random rank-{self.rank} LoRA adapter (alpha {self.alpha}) on every projection of {self.base}, "
+                "seeded")
+
+
+ADAPTERS = {a.name: a for a in (NamedAdapter("lora-smollm2", "smollm2-135m"),
+                                NamedAdapter("lora-tiny-llama", "tiny-llama"))}
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    """What adapter_config.json and the weights' names say about an adapter."""
+
+    path: Path
+    rank: int
+    alpha: float
+    rslora: bool
+    targets: tuple[str, ...]  # module names adapted (q_proj, ...), as the weights have them
+    layers: tuple[int, ...]  # decoder layers with an adapted module
+    base: str  # base_model_name_or_path ('' if not given)
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / (self.rank ** 0.5 if self.rslora else self.rank)
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why a folder is not a usable LoRA adapter (a sentence naming the file and the fix), or None."""
+    if not path.is_dir():
+        return f"{path} is not a folder: give a PEFT adapter folder (adapter_config.json, {WEIGHTS})"
+    for name in (CONFIG, WEIGHTS):
+        if not (path / name).exists():
+            return f"{path} has no {name}: save the adapter with PEFT's save_pretrained (safetensors)"
+    try:
+        config = json.loads((path / CONFIG).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        return f"{path / CONFIG} is not readable JSON ({exc})"
+    if config.get("peft_type", "LORA") != "LORA":
+        return f"{path / CONFIG}: peft_type is {config.get('peft_type')!r}; only LORA adapters are compared"
+    if not isinstance(config.get("r"), int) or config["r"] < 1:
+        return f"{path / CONFIG}: r (the rank) is {config.get('r')!r}; it must be a positive integer"
+    return None
+
+
+def read(path: Path) -> AdapterInfo:
+    """An adapter folder folder_problem() accepted."""
+    config = json.loads((path / CONFIG).read_text())
+    targets, layers = set(), set()
+    for key in tensor_names(path / WEIGHTS):
+        parts = key.split(".")
+        if "lora_A" in parts:
+            targets.add(parts[parts.index("lora_A") - 1])
+            if "layers" in parts:
+                layers.add(int(parts[parts.index("layers") + 1]))
+    return AdapterInfo(path, int(config["r"]), float(config.get("lora_alpha", config["r"])),
+                       bool(config.get("use_rslora", False)), tuple(sorted(targets)), tuple(sorted(layers)),
+                       str(config.get("base_model_name_or_path") or ""))
+
+
+def tensor_names(file: Path) -> list[str]:
+    """The tensor names of a safetensors file (its header only)."""
+    from safetensors import safe_open
+
+    with safe_open(str(file), "np") as handle:
+        return list(handle.keys())  # a file handle, not a mapping: keys() is how it lists its tensors
+
+
+def pairs(path: Path) -> dict[str, tuple[Any, Any]]:
+    """The adapter's weights: base module name (model.layers.0.self_attn.q_proj) -> (A [r, in], B [out, r]), numpy."""
+    from safetensors.numpy import load_file
+
+    found: dict[str, dict[str, Any]] = {}
+    for key, tensor in load_file(str(path / WEIGHTS)).items():
+        prefix, _, rest = key.partition(".lora_")
+        if rest in ("A.weight", "B.weight"):
+            found.setdefault(prefix.removeprefix("base_model.model."), {})[rest[0]] = tensor
+    return {module: (ab["A"], ab["B"]) for module, ab in found.items() if set(ab) == {"A", "B"}}
+
+
+def build(adapter: NamedAdapter, base_folder: Path, out: Path) -> None:
+    """Write a named adapter for the base model in base_folder (its float32 folder) into out."""
+    import numpy as np
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(adapter.seed)
+    scale = adapter.alpha / adapter.rank
+    tensors = {}
+    names = sorted(k for k in tensor_names(base_folder / "model.safetensors")
+                   if k.endswith(".weight") and k.rsplit(".", 2)[-2] in PROJECTIONS)
+    with safe_open(str(base_folder / "model.safetensors"), "np") as weights:
+        for key in names:
+            weight = weights.get_tensor(key).astype(np.float64)
+            out_features, in_features = weight.shape
+            a = rng.standard_normal((adapter.rank, in_features)) / np.sqrt(in_features)
+            b = rng.standard_normal((out_features, adapter.rank))
+            update = scale * b @ a
+            b *= UPDATE_NORM * np.linalg.norm(weight) / np.linalg.norm(update)
+            module = key.removesuffix(".weight")
+            tensors[f"base_model.model.{module}.lora_A.weight"] = a.astype(np.float32)
+            tensors[f"base_model.model.{module}.lora_B.weight"] = b.astype(np.float32)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / WEIGHTS))
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": adapter.base,
+              "r": adapter.rank, "lora_alpha": adapter.alpha, "target_modules": list(PROJECTIONS),
+              "lora_dropout": 0.0, "bias": "none", "use_rslora": False, "fan_in_fan_out": False,
+              "modules_to_save": None, "inference_mode": True}
+    (out / CONFIG).write_text(json.dumps(config, indent=2))
+
+
+def problem(value: str) -> str | None:
+    """Why a scenario's `lora:` is neither a named adapter nor a usable PEFT folder (with the fix), or None."""
+    if value in ADAPTERS:
+        return None
+    from harness.core.user_paths import expanded
+
+    why = folder_problem(expanded(Path(value)))
+    return why and f"{why}; or use a named adapter ({', '.join(ADAPTERS)})"
+
+
+def served_name(value: str) -> str:
+    """The name requests give the adapter (a server's --lora-modules name): a named adapter's, else its folder's."""
+    return value if value in ADAPTERS else Path(value).name or "adapter"
