@@ -6,9 +6,10 @@ vs a quantised variant compares quantisation only, every variant comes from the 
   f32, f16   written here with the `gguf` package, as llama.cpp's converter writes the architecture (WRITERS: one
              description per HF model_type: the GGUF architecture, its hyperparameters from config.json, and which
              tensors change how: a Llama's q and k projections permuted into llama.cpp's rope layout, Gemma's norm
-             weights stored as 1 + w); tensors renamed by gguf's own name map; the tokenizer from the GGUF a named
-             model ships (checked to be the folder's tokenizer); f16 keeps 1-D tensors (norms) in f32, as llama.cpp's
-             converter does
+             weights stored as 1 + w); a mixture of experts' weights stacked per block and projection
+             [n_expert, rows, cols] (stacked_experts); tensors renamed by gguf's own name map; the tokenizer from the
+             GGUF a named model ships (checked to be the folder's tokenizer); f16 keeps 1-D tensors (norms) and
+             routers in f32, as llama.cpp's converter does
   q8_0, q4_k_m  llama.cpp's own quantiser (llama_model_quantize) on the f32 file
   bundled    the GGUF file the named model was converted from (its `source_gguf`: SmolLM2's Q4_1, Gemma 3's Q4_K_M),
              as shipped
@@ -24,6 +25,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -112,6 +114,35 @@ def gemma3_hparams(config: dict) -> Hparams:
     return out
 
 
+def n_experts(config: dict) -> int:
+    """Routed experts per block (Mixtral's config names them num_local_experts, Qwen's num_experts)."""
+    return int(config.get("num_local_experts") or config.get("num_experts") or 0)
+
+
+def moe_hparams(config: dict) -> Hparams:
+    """The Llama hyperparameters plus the mixture of experts' (what llama.cpp's converter writes for Mixtral as a
+    Llama): experts per block and chosen per token. llama.cpp's llama graph routes by softmax over the router logits,
+    keeps the top k and renormalises their weights, as Mixtral does (and, as for Mistral, attends without a sliding
+    window)."""
+    _require(n_experts(config) > 0 and config.get("num_experts_per_tok", 0) > 0, config,
+             "no expert count or experts per token in config.json")
+    return {**hparams(config), "expert_count": n_experts(config),
+            "expert_used_count": config["num_experts_per_tok"]}
+
+
+def qwen3_moe_hparams(config: dict) -> Hparams:
+    """llama.cpp's qwen3moe hyperparameters: moe_hparams plus the experts' own width and the head width (q/k norms
+    act per head); its graph always renormalises the chosen experts' weights, and every layer is a MoE block."""
+    _require(config.get("norm_topk_prob", False), config,
+             "llama.cpp's qwen3moe graph always renormalises the chosen experts' weights (norm_topk_prob false)")
+    _require(not config.get("mlp_only_layers") and config.get("decoder_sparse_step", 1) == 1, config,
+             "llama.cpp's qwen3moe graph has a MoE block in every layer (mlp_only_layers, decoder_sparse_step)")
+    _require(not config.get("use_sliding_window"), config, "llama.cpp's qwen3moe graph has no sliding window")
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return {**moe_hparams(config), "expert_feed_forward_length": config["moe_intermediate_size"],
+            "key_length": head_dim, "value_length": head_dim}
+
+
 def _require(holds: bool, config: dict, why: str) -> None:
     if not holds:
         raise RuntimeError(f"gguf: cannot write model type '{config.get('model_type')}': {why}; give the engine a "
@@ -138,6 +169,7 @@ def _one_plus(weight: np.ndarray, h: Hparams) -> np.ndarray:
     return weight + np.float32(1.0)
 
 
+ROUTER = "ffn_gate_inp.weight"  # a mixture of experts' router: kept in f32 by llama.cpp's converter and quantiser
 LLAMA_ROPE = (("attn_q.weight", _rope_q), ("attn_k.weight", _rope_kv))
 
 WRITERS = {  # HF model_type -> how llama.cpp's converter writes it
@@ -149,6 +181,11 @@ WRITERS = {  # HF model_type -> how llama.cpp's converter writes it
     "qwen2": Architecture("QWEN2", hparams),
     # gemma3: NEOX rope (llama.cpp rotates the two halves of a head, as HF does): no permutation
     "gemma3_text": Architecture("GEMMA3", gemma3_hparams, (("norm.weight", _one_plus),)),
+    # mixtral: written as a Llama with stacked experts (ffn_{gate,up,down}_exps) and a router (ffn_gate_inp), as
+    # llama.cpp's converter does
+    "mixtral": Architecture("LLAMA", moe_hparams, LLAMA_ROPE),
+    # qwen3_moe: NEOX rope (no permutation), per-head q/k norms, stacked experts of their own width
+    "qwen3_moe": Architecture("QWEN3MOE", qwen3_moe_hparams),
 }
 
 
@@ -158,6 +195,34 @@ def writer_for(config: dict) -> Architecture:
         raise RuntimeError(f"gguf: no GGUF writer for model type '{model_type}' (known: {', '.join(WRITERS)}): give "
                            "the engine a GGUF file (option gguf: PATH)")
     return WRITERS[model_type]
+
+
+EXPERT = re.compile(r"(?P<block>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+)\.weight")
+
+
+def stacked_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The tensors with a mixture of experts' weights as llama.cpp holds them: one [n_expert, rows, cols] stack per
+    block and projection, named `<block>.experts.<proj>.weight` (the name gguf's map knows). Per-expert weights
+    (`<block>.experts.<e>.<proj>.weight`, as checkpoints store them) are stacked in expert order; transformers 5's
+    fused stack of gate and up (`<block>.experts.gate_up_proj` [n_expert, 2*ffn, hidden], gate first) is split in
+    two. Every other tensor is left as it is."""
+    out: dict[str, np.ndarray] = {}
+    experts: dict[str, dict[int, np.ndarray]] = {}
+    for name, weight in tensors.items():
+        if match := EXPERT.fullmatch(name):
+            experts.setdefault(f"{match['block']}.{match['proj']}.weight", {})[int(match["expert"])] = weight
+        elif name.endswith(".experts.gate_up_proj"):
+            block = name.removesuffix(".gate_up_proj")
+            out[f"{block}.gate_proj.weight"], out[f"{block}.up_proj.weight"] = np.split(weight, 2, axis=1)
+        elif name.endswith(".experts.down_proj"):
+            out[f"{name}.weight"] = weight
+        else:
+            out[name] = weight
+    for name, by_id in experts.items():
+        if sorted(by_id) != list(range(len(by_id))):
+            raise RuntimeError(f"gguf: the experts of {name} are numbered {sorted(by_id)}, not 0..{len(by_id) - 1}")
+        out[name] = np.stack([by_id[i] for i in range(len(by_id))])
+    return out
 
 
 def gguf_name(hf_name: str, n_layers: int, arch: str = "LLAMA") -> str | None:
@@ -326,7 +391,7 @@ def write_full_precision(model_path: Path, out: Path, variant: str) -> None:
     config = json.loads((Path(model_path) / "config.json").read_text())
     arch = writer_for(config)
     h = arch.hparams(config)
-    tensors = load_file(str(Path(model_path) / "model.safetensors"))
+    tensors = stacked_experts(load_file(str(Path(model_path) / "model.safetensors")))
     writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch.gguf_arch)])
     writer.add_name(Path(model_path).resolve().parent.name)
     writer.add_file_type(FULL_PRECISION[variant])
@@ -349,12 +414,14 @@ def write_full_precision(model_path: Path, out: Path, variant: str) -> None:
 
 
 def stored(weight: np.ndarray, name: str, arch: Architecture, h: Hparams, variant: str) -> np.ndarray:
-    """An HF tensor as the GGUF holds it: float32, transformed as the architecture says, 2-D ones in f16 for f16."""
+    """An HF tensor as the GGUF holds it: float32, transformed as the architecture says, in f16 for f16 except 1-D
+    ones (norms) and routers (ffn_gate_inp), which llama.cpp's converter keeps in f32."""
     weight = weight.astype(np.float32)
     for suffix, transform in arch.transforms:
         if name.endswith(suffix):
             weight = transform(weight, h)
-    return weight.astype(np.float16) if variant == "f16" and weight.ndim > 1 else weight
+    half = variant == "f16" and weight.ndim > 1 and not name.endswith(ROUTER)
+    return weight.astype(np.float16) if half else weight
 
 
 def quantise(source: Path, out: Path, variant: str) -> None:

@@ -10,6 +10,11 @@ llama.cpp's GGUF converter permutes the q and k projections of a Llama so that i
 q, k and their roped versions are put back in HF's head layout (hf_layout below, the inverse of
 adapters.engines.llamacpp_gguf.rope_layout), so the trace compares with HF's position by position (Gemma's rope is
 NEOX, HF's layout: nothing to undo). An architecture without a map is refused with the reason.
+
+A mixture-of-experts graph (llama.cpp's build_moe_ffn) names the router logits `ffn_moe_logits-<il>`, the block's
+output `ffn_moe_out-<il>`, and the experts it chose and the weights it applies `ffn_moe_topk-<il>` (a view of its
+argsort, int32) and `ffn_moe_weights_norm-<il>`: a full pass reads those two into the routes table beside the trace
+(adapters.tracing.routes' layout), with the margin of each choice read from the router logits.
 """
 
 from __future__ import annotations
@@ -24,11 +29,14 @@ from typing import Any
 import numpy as np
 
 from adapters.tracing.capture import logits_start, trace_path, trace_result, trace_writer
-from harness.core.points import layer_point
+from adapters.tracing.routes import ROUTER, choice_margin, routes_path
+from harness.core.points import layer_point, parse
 from harness.core.types import TraceRequest, TraceResult
+from harness.rundir.traces import write_arrays
 
 VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"})  # no computation: never a capture point
-GGML_F32, GGML_F16 = 0, 1
+GGML_F32, GGML_F16, GGML_I32 = 0, 1, 26
+NUMPY_TYPES = {GGML_F32: np.float32, GGML_F16: np.float16, GGML_I32: np.int32}  # the ggml types read here
 
 
 def hf_layout(activations: np.ndarray, n_head: int) -> np.ndarray:
@@ -51,6 +59,8 @@ class GraphMap:
     whole: dict[str, str]
     head_layout: dict[str, str]  # point -> "q" or "kv": permuted by llama.cpp's converter, restored per head
     by_input: dict[str, dict[str, str]] = field(default_factory=dict)
+    # a mixture of experts: per-layer tensor name -> routes table column ("experts", "expert_weights"), any op
+    routes: dict[str, str] = field(default_factory=dict)
 
     def point(self, tensor_name: str, op: str, inputs: tuple[str, ...] = ()) -> str | None:
         """The point a graph node is (inputs: the names of its source tensors, needed only for by_input)."""
@@ -60,6 +70,12 @@ class GraphMap:
             return self.whole[tensor_name]
         return _per_layer(self.per_layer, tensor_name, op) or next(
             filter(None, (_per_layer(self.by_input, source, op) for source in inputs)), None)
+
+    def route(self, tensor_name: str) -> str | None:
+        """The routes table column a graph node fills (`layers.<i>.experts`), or None."""
+        base, _, layer = tensor_name.rpartition("-")
+        column = self.routes.get(base)
+        return layer_point(int(layer), column) if column and layer.isdigit() else None
 
 
 def _per_layer(table: dict[str, dict[str, str]], tensor_name: str, op: str) -> str | None:
@@ -71,15 +87,21 @@ def _per_layer(table: dict[str, dict[str, str]], tensor_name: str, op: str) -> s
     return layer_point(int(layer), point) if point else None
 
 
+# llama.cpp's build_moe_ffn (softmax routing, the chosen weights renormalised): the router logits, the block's output,
+# and the chosen experts (ffn_moe_topk: a view of the argsort of the router's probabilities) with the weights applied
+MOE_POINTS = {"ffn_moe_logits": {"": "router"}, "ffn_moe_out": {"": "moe"}}
+MOE_ROUTES = {"ffn_moe_topk": "experts", "ffn_moe_weights_norm": "expert_weights"}
+
 # src/models/llama.cpp (llama-cpp-python 0.3.36's vendored llama.cpp); logits are read from the context, not here
-GGML_LLAMA = GraphMap(
-    "ggml-llama",
-    per_layer={"attn_norm": {"": "input_norm"}, "Qcur": {"ROPE": "q_rope", "": "q"},
+LLAMA_DENSE = {"attn_norm": {"": "input_norm"}, "Qcur": {"ROPE": "q_rope", "": "q"},
                "Kcur": {"ROPE": "k_rope", "": "k"}, "Vcur": {"": "v"}, "kqv_out": {"": "attn"},
                "attn_out": {"": "o_proj"}, "ffn_norm": {"": "post_norm"}, "ffn_gate": {"": "gate"},
-               "ffn_up": {"": "up"}, "ffn_out": {"": "mlp"}, "l_out": {"": "residual"}},
+               "ffn_up": {"": "up"}, "ffn_out": {"": "mlp"}, "l_out": {"": "residual"}}
+# a Llama GGUF with experts (Mixtral, as llama.cpp's converter writes it) has a MoE block where the MLP was
+GGML_LLAMA = GraphMap(
+    "ggml-llama", per_layer={**LLAMA_DENSE, **MOE_POINTS},
     whole={"embd": "embeddings", "inp_embd": "embeddings", "result_norm": "final_norm"},
-    head_layout={"q": "q", "q_rope": "q", "k": "kv", "k_rope": "kv"},
+    head_layout={"q": "q", "q_rope": "q", "k": "kv", "k_rope": "kv"}, routes=MOE_ROUTES,
 )
 
 # src/models/gemma3.cpp: q/k norms before rope, sandwich norms around attention and MLP (GELU-tanh gate), embeddings
@@ -98,11 +120,19 @@ GGML_GEMMA3 = GraphMap(
 )
 # src/models/qwen2.cpp: Llama's names, but Qcur, Kcur and Vcur name both the projection (MUL_MAT) and the bias added
 # to it (ADD): q, k and v are the ADD; the output projection is unnamed; NEOX rope, so q and k are in HF's layout
-GGML_QWEN2 = replace(GGML_LLAMA, name="ggml-qwen2", head_layout={}, per_layer={
-    **GGML_LLAMA.per_layer, "Qcur": {"ROPE": "q_rope", "ADD": "q"}, "Kcur": {"ROPE": "k_rope", "ADD": "k"},
+GGML_QWEN2 = replace(GGML_LLAMA, name="ggml-qwen2", head_layout={}, routes={}, per_layer={
+    **LLAMA_DENSE, "Qcur": {"ROPE": "q_rope", "ADD": "q"}, "Kcur": {"ROPE": "k_rope", "ADD": "k"},
     "Vcur": {"ADD": "v"}}, by_input={"kqv_out": {"MUL_MAT": "o_proj"}})
+# src/models/qwen3moe.cpp: per-head q/k norms (Qcur_normed, Kcur_normed) before a NEOX rope (HF's layout); Qcur and
+# Kcur name the projection (MUL_MAT) and its rope; the output projection is unnamed
+GGML_QWEN3_MOE = GraphMap(
+    "ggml-qwen3moe",
+    per_layer={**LLAMA_DENSE, "Qcur": {"ROPE": "q_rope", "MUL_MAT": "q"},
+               "Kcur": {"ROPE": "k_rope", "MUL_MAT": "k"}, "Qcur_normed": {"": "q_norm"},
+               "Kcur_normed": {"": "k_norm"}, **MOE_POINTS},
+    whole=GGML_LLAMA.whole, head_layout={}, by_input={"kqv_out": {"MUL_MAT": "o_proj"}}, routes=MOE_ROUTES)
 # general.architecture of the GGUF -> its graph map
-GRAPH_MAPS = {"llama": GGML_LLAMA, "gemma3": GGML_GEMMA3, "qwen2": GGML_QWEN2}
+GRAPH_MAPS = {"llama": GGML_LLAMA, "gemma3": GGML_GEMMA3, "qwen2": GGML_QWEN2, "qwen3moe": GGML_QWEN3_MOE}
 
 
 class _Tensor(ctypes.Structure):
@@ -122,8 +152,7 @@ def _ggml() -> Any:
     lib = ggml.libggml
     for name, restype, argtypes in (
             ("ggml_get_name", ctypes.c_char_p, [ctypes.c_void_p]), ("ggml_op_desc", ctypes.c_char_p, [ctypes.c_void_p]),
-            ("ggml_nelements", ctypes.c_int64, [ctypes.c_void_p]),
-            ("ggml_is_contiguous", ctypes.c_bool, [ctypes.c_void_p]),
+            ("ggml_nelements", ctypes.c_int64, [ctypes.c_void_p]), ("ggml_nbytes", ctypes.c_size_t, [ctypes.c_void_p]),
             ("ggml_backend_tensor_get", None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t])):
         function = getattr(lib, name)
         function.restype, function.argtypes = restype, argtypes
@@ -140,7 +169,8 @@ def architecture(llama_cpp: Any, model: Any) -> str:
 class GraphTracer:
     """A second llama.cpp context on the engine's loaded model with the evaluation callback installed. One call
     evaluates a whole sequence (one batch, logits at every position) and streams the captured points to a
-    trace writer (adapters.tracing.capture.trace_writer) in the order llama.cpp computes them."""
+    trace writer (adapters.tracing.capture.trace_writer) in the order llama.cpp computes them; a full pass of a
+    mixture-of-experts graph also collects the chosen experts (write_routes puts them beside the trace)."""
 
     def __init__(self, llama_cpp: Any, model: Any, context_params: Any):
         self.llama_cpp, self.model = llama_cpp, model
@@ -156,6 +186,9 @@ class GraphTracer:
         self.done: set[str] = set()
         self.positions = 0
         self.error = ""
+        self.routing = False  # this pass collects the chosen experts (a full pass, a map with routes)
+        self.routes: dict[str, np.ndarray] = {}  # routes table column (layers.<i>.experts) -> [positions, k]
+        self.routers: dict[str, np.ndarray] = {}  # layers.<i>.router -> the router logits, for the margin
         self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_tensor)  # kept alive with the tracer
         context_params.cb_eval = self.callback
         context_params.cb_eval_user_data = None
@@ -163,14 +196,18 @@ class GraphTracer:
         if not self.ctx:
             raise RuntimeError("llama.cpp trace: could not create the traced context")
 
-    def _point(self, tensor: int) -> str | None:
+    def _point(self, tensor: int, name: str, op: str) -> str | None:
         if self.map is None:
             return None
-        name, op = self.ggml.ggml_get_name(tensor).decode(), self.ggml.ggml_op_desc(tensor).decode()
         point = self.map.point(name, op, self._inputs(tensor, name) if self.map.by_input else ())
         if point is None or point in self.done or (self.wanted is not None and point not in self.wanted):
             return None
         return point
+
+    def _route(self, name: str) -> str | None:
+        """The routes table column a node fills in this pass (each one once), or None."""
+        column = self.map.route(name) if self.routing and self.map else None
+        return column if column not in self.routes else None
 
     def _inputs(self, tensor: int, name: str) -> tuple[str, ...]:
         """The names of a node's source tensors (read through the struct, once its own name confirms the layout)."""
@@ -181,29 +218,44 @@ class GraphTracer:
 
     def _on_tensor(self, tensor: int, ask: bool, _user_data: Any) -> bool:
         try:
-            point = self._point(tensor)
-            if ask or point is None:
-                return point is not None
-            self.done.add(point)
-            self.writer.add(point, self._read(tensor, point))
+            name, op = self.ggml.ggml_get_name(tensor).decode(), self.ggml.ggml_op_desc(tensor).decode()
+            point, column = self._point(tensor, name, op), self._route(name)
+            if ask or (point is None and column is None):
+                return point is not None or column is not None
+            if point is not None:
+                self._capture(tensor, point)
+            if column is not None:
+                self.routes[column] = self._values(tensor, column).reshape(self.positions, -1)
         except Exception as exc:  # an exception must not cross the C callback: abort the evaluation instead
             self.error = f"{type(exc).__name__}: {exc}"
             return False
         return True
 
-    def _read(self, tensor: int, point: str) -> Any:
-        import torch
+    def _capture(self, tensor: int, point: str) -> None:
+        self.done.add(point)
+        rows = self._read(tensor, point)
+        if self.routing and point.endswith(f".{ROUTER}"):
+            self.routers[point] = rows.numpy().astype(np.float64)
+        self.writer.add(point, rows)
 
+    def _values(self, tensor: int, what: str) -> np.ndarray:
+        """A computed tensor's values in its own type, ggml's outermost axis first ([ne3, ne2, ne1, ne0]); a view
+        (the chosen experts are a view of an argsort) is read through its strides."""
         struct = _Tensor.from_address(tensor)
         n = int(self.ggml.ggml_nelements(tensor))
         if struct.name.decode() != self.ggml.ggml_get_name(tensor).decode() or int(np.prod(struct.ne)) != n:
             raise RuntimeError("the ggml_tensor layout of this llama.cpp build is not the one this reader knows")
-        if not self.ggml.ggml_is_contiguous(tensor) or struct.type not in (GGML_F32, GGML_F16):
-            raise RuntimeError(f"{point}: a tensor of ggml type {struct.type} (contiguous: "
-                               f"{self.ggml.ggml_is_contiguous(tensor)}) cannot be read")
-        out = np.empty(n, dtype=np.float32 if struct.type == GGML_F32 else np.float16)
-        self.ggml.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, out.nbytes)
-        rows = out.astype(np.float32).reshape(self.positions, -1)  # the token axis is ggml's outermost
+        if struct.type not in NUMPY_TYPES:
+            raise RuntimeError(f"{what}: a tensor of ggml type {struct.type} cannot be read")
+        raw = np.empty(self.ggml.ggml_nbytes(tensor), dtype=np.uint8)  # a view's extent, strides included
+        self.ggml.ggml_backend_tensor_get(tensor, raw.ctypes.data, 0, raw.nbytes)
+        return np.ndarray(tuple(reversed(struct.ne)), NUMPY_TYPES[struct.type], raw, 0,
+                          tuple(reversed(struct.nb))).copy()
+
+    def _read(self, tensor: int, point: str) -> Any:
+        import torch
+
+        rows = self._values(tensor, point).astype(np.float32).reshape(self.positions, -1)  # tokens: outermost
         layout = self.map.head_layout.get(point.rsplit(".", 1)[-1]) if self.map else None  # a point needs a map
         if layout:
             rows = hf_layout(rows, self.heads[layout])
@@ -221,6 +273,7 @@ class GraphTracer:
         lc.llama_memory_clear(lc.llama_get_memory(self.ctx), True)
         self.writer, self.done, self.positions, self.error = writer, set(), len(token_ids), ""
         self.wanted = set(points) if points is not None else None
+        self.routing, self.routes, self.routers = bool(self.map and self.map.routes) and points is None, {}, {}
         batch = lc.llama_batch_init(len(token_ids), 0, 1)
         try:
             for i, token in enumerate(token_ids):
@@ -238,6 +291,27 @@ class GraphTracer:
             logits = np.ctypeslib.as_array(lc.llama_get_logits(self.ctx), shape=(len(token_ids) * vocab,))
             writer.add("logits", torch.from_numpy(logits.reshape(len(token_ids), vocab)[logits_from:].copy()))
 
+    def write_routes(self, trace: Path, metadata: dict[str, str]) -> Path | None:
+        """The last pass's chosen experts, their weights and the margin of each choice, written beside its trace
+        (adapters.tracing.routes' table); None where the pass collected none (a dense model, a partial pass)."""
+        layers = sorted({parse(column)[0] for column in self.routes})
+        arrays: dict[str, np.ndarray] = {}
+        for layer in layers:
+            ids, weights = (self.routes.get(layer_point(layer, c)) for c in ("experts", "expert_weights"))
+            if ids is None or weights is None or ids.shape != weights.shape:
+                raise RuntimeError(f"llama.cpp trace: layer {layer}: chosen experts and their weights were not "
+                                   "both captured")
+            arrays[layer_point(layer, "experts")] = ids.astype(np.float64)
+            arrays[layer_point(layer, "expert_weights")] = weights.astype(np.float64)
+            logits = self.routers.get(layer_point(layer, ROUTER))
+            if logits is not None:
+                arrays[layer_point(layer, "router_margin")] = choice_margin(logits, ids)
+        if not arrays:
+            return None
+        path = routes_path(trace)
+        write_arrays(path, arrays, {**metadata, "scoring": "softmax"})
+        return path
+
     def close(self) -> None:
         if self.ctx:
             self.llama_cpp.llama_free(self.ctx)
@@ -246,7 +320,8 @@ class GraphTracer:
 
 def run_graph_traces(engine_name: str, tracer: GraphTracer, requests: list[TraceRequest], workdir: Path,
                      metadata: dict[str, str]) -> Iterator[TraceResult]:
-    """One teacher-forced evaluation per request, its points streamed to workdir/traces/<case>.safetensors."""
+    """One teacher-forced evaluation per request, its points streamed to workdir/traces/<case>.safetensors (and
+    a mixture of experts' chosen experts to <case>.routes.safetensors)."""
     import torch
 
     for request in requests:
@@ -259,7 +334,8 @@ def run_graph_traces(engine_name: str, tracer: GraphTracer, requests: list[Trace
         except BaseException:
             writer.discard()
             raise
-        points = writer.close({**metadata, "arch": tracer.map.name if tracer.map else "", "fused": "",
-                               "case_id": request.case_id, "prompt_len": str(request.prompt_len),
+        about = {**metadata, "arch": tracer.map.name if tracer.map else "", "case_id": request.case_id}
+        points = writer.close({**about, "fused": "", "prompt_len": str(request.prompt_len),
                                "logits_from": str(logits_from)})
-        yield trace_result(engine_name, request, path, points, writer, started)
+        routes = tracer.write_routes(path, about)
+        yield trace_result(engine_name, request, path, points, writer, started, routes)

@@ -17,6 +17,8 @@ from functools import reduce
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from adapters.tracing.arch_maps import Routes
 from harness.core.points import layer_point
 from harness.rundir.traces import write_arrays
@@ -89,31 +91,34 @@ class RouteCapture:
             arrays[name + "expert_weights"] = weights.numpy()
             logits = routers.get(layer_point(index, ROUTER))
             if logits:
-                arrays[name + "router_margin"] = self._margin(torch.cat(logits).double(), ids, index).numpy()
+                bias = self.biases[index].detach().to("cpu").double().numpy() if index in self.biases else None
+                arrays[name + "router_margin"] = choice_margin(torch.cat(logits).double().numpy(), ids.numpy(),
+                                                               self.routes.scoring, bias)
         path = routes_path(trace)
         write_arrays(path, arrays, {**metadata, "scoring": self.routes.scoring})
         return path
-
-    def _margin(self, logits: Any, ids: Any, index: int) -> Any:
-        """Per position: the weakest chosen expert's selection score minus the strongest unchosen one's (negative
-        where the engine chose an expert its own scores rank below an unchosen one), in router-logit units: softmax
-        ranks as the logits do, so its margin is the logit gap; a sigmoid score's gap is divided by the sigmoid's
-        largest slope (1/4), so a logit difference of d can reorder experts only within a margin of 2d either way."""
-        import torch
-
-        scores = logits if self.routes.scoring == "softmax" else torch.sigmoid(logits)
-        if index in self.biases:
-            scores = scores + self.biases[index].detach().to("cpu").double()
-        chosen = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, ids, True)
-        weakest = scores.masked_fill(~chosen, float("inf")).min(dim=1).values
-        strongest = scores.masked_fill(chosen, float("-inf")).max(dim=1).values
-        slope = 1.0 if self.routes.scoring == "softmax" else 0.25
-        return ((weakest - strongest) / slope).unsqueeze(1)
 
     def close(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles = []
+
+
+def choice_margin(logits: np.ndarray, ids: np.ndarray, scoring: str = "softmax",
+                  bias: np.ndarray | None = None) -> np.ndarray:
+    """Per position [positions, 1]: the weakest chosen expert's selection score minus the strongest unchosen one's
+    (negative where the engine chose an expert its own scores rank below an unchosen one), in router-logit units:
+    softmax ranks as the logits do, so its margin is the logit gap; a sigmoid score's gap is divided by the sigmoid's
+    largest slope (1/4), so a logit difference of d can reorder experts only within a margin of 2d either way."""
+    scores = logits if scoring == "softmax" else 1.0 / (1.0 + np.exp(-logits))
+    if bias is not None:
+        scores = scores + bias
+    chosen = np.zeros(scores.shape, dtype=bool)
+    np.put_along_axis(chosen, ids.astype(np.int64), True, axis=1)
+    weakest = np.where(chosen, scores, np.inf).min(axis=1)
+    strongest = np.where(chosen, -np.inf, scores).max(axis=1)
+    slope = 1.0 if scoring == "softmax" else 0.25
+    return ((weakest - strongest) / slope)[:, None]
 
 
 class _Unwrap:

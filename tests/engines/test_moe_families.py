@@ -1,5 +1,5 @@
-"""The shipped mixture-of-experts scenarios (scenarios/moe-*.yaml, issue 58) in HF and vLLM's CPU build: the tiny
-families agree token for token in float32, routers with near ties included, and `parity explain` captures the router
+"""The shipped mixture-of-experts scenarios (scenarios/moe-*.yaml, issue 58) in HF and vLLM's CPU build, and
+llama.cpp for mixtral and qwen3_moe (F32 GGUFs written here): the tiny families agree token for token in float32, routers with near ties included, and `parity explain` captures the router
 logits, the shared expert, the block's output and the chosen experts in both engines, keeps the clean pair inside the
 noise floor with every (layer, position) routed alike (the float64 floor runs HF's experts eagerly: its grouped matmul
 takes no float64), and names the three faults scenarios/moe_faults.py plants in HF copies with their layer and kind
@@ -22,6 +22,7 @@ pytestmark = pytest.mark.engines
 
 MOE = sorted(name for name, family in FAMILIES.items() if family.experts)
 SHARED = ("qwen2_moe", "glm4_moe")  # a shared expert beside the routed ones
+LLAMA_CPP = ("mixtral", "qwen3_moe")  # the families llama.cpp runs from GGUFs written here
 FAULT_LAYER = 1  # scenarios/moe_faults.py's LAYER
 KIND = {"weighting": "weighting", "shifted-rule": "routing_rule", "expert": "expert_kernel"}  # engine -> its fault
 
@@ -66,6 +67,25 @@ def test_the_clean_pair_routes_alike_within_the_floor(runs: dict[str, ParityRun]
         assert {f"layers.{n}.{p}" for n in (0, 1) for p in wanted} <= captured, engine
 
 
+@pytest.mark.parametrize("family", LLAMA_CPP)
+def test_llama_cpp_gives_hfs_tokens_and_routes_alike(runs: dict[str, ParityRun], family: str) -> None:
+    """llama.cpp's router logits (ffn_moe_logits), block outputs (ffn_moe_out) and chosen experts (ffn_moe_topk,
+    ffn_moe_weights_norm), read through its graph callback from an F32 GGUF."""
+    run = runs[family]
+    verdict = run.verdicts.set_index("engine").loc["llama.cpp"]
+    assert verdict.verdict == "match", verdict.explanation
+    assert run.meta["engines"]["llama.cpp"]["versions"]["weights"].endswith("all F32")
+    found = located(run)["llama.cpp"]
+    assert found["cause"] == "none", found["verdict"]
+    assert found["routing"]["kind"] == "same", found["verdict"]
+    points = pd.read_parquet(run.run_dir / "explain" / "points.parquet")
+    mine = points[points.engine == "llama.cpp"]
+    assert {f"layers.{n}.{p}" for n in (0, 1) for p in ("router", "moe", "residual")} <= set(mine.point)
+    routes = pd.read_parquet(run.run_dir / "explain" / "routing.parquet")
+    routed = routes[routes.engine == "llama.cpp"]
+    assert set(routed.layer) == {0, 1} and routed.engine_margin.notna().all()  # its own choice's margin
+
+
 @pytest.mark.parametrize("fault", sorted(KIND))
 @pytest.mark.parametrize("family", MOE)
 def test_a_planted_moe_fault_is_named_with_its_layer_and_kind(runs: dict[str, ParityRun], family: str,
@@ -99,7 +119,7 @@ def test_the_html_report_shows_the_routing_view(runs: dict[str, ParityRun]) -> N
     assert parity("report", str(run.run_dir)).code == 0
     page = (run.run_dir / "report.html").read_text()
     views = page.count("<pre class='routing'>")
-    assert views == 4, views  # one per engine compared with the reference
+    assert views == 5, views  # one per engine compared with the reference
     assert "color:#cf222e'>x</b>" in page  # the shifted rule's flips without a tie
     summary = (run.run_dir / "explain" / "summary.md").read_text()
     assert "Chosen experts per layer and position" in summary and "layer 1: " in summary
