@@ -1,11 +1,11 @@
-"""The shipped mixture-of-experts scenarios (scenarios/moe-*.yaml, issue 58) in HF and vLLM's CPU build, and
-llama.cpp for mixtral and qwen3_moe (F32 GGUFs written here): the tiny families agree token for token in float32, routers with near ties included, and `parity explain` captures the router
-logits, the shared expert, the block's output and the chosen experts in both engines, keeps the clean pair inside the
-noise floor with every (layer, position) routed alike (the float64 floor runs HF's experts eagerly: its grouped matmul
-takes no float64), and names the three faults scenarios/moe_faults.py plants in HF copies with their layer and kind
-(weighting, a routing flip without a tie, an expert kernel). One `parity explain` of every family's scenario, the HF
-and vLLM workers shared across them; the invariance knobs on scenarios/moe-invariance.yaml, where a batch-dependent
-router drifts under the batch knob."""
+"""The shipped mixture-of-experts scenarios (scenarios/moe-*.yaml, issue 58) in HF and vLLM's CPU build, and llama.cpp
+for mixtral and qwen3_moe (F32 GGUFs written here): the tiny families agree token for token in float32, routers with
+near ties included, and `parity explain` captures the router logits, the shared expert, the block's output and the
+chosen experts in both engines, keeps the clean pair inside the noise floor with every (layer, position) routed alike
+(the float64 floor runs HF's experts eagerly: its grouped matmul takes no float64), and names the three faults
+scenarios/moe_faults.py plants in HF copies with their layer and kind (weighting, a routing flip without a tie, an
+expert kernel). One `parity explain` of every family's scenario, the HF and vLLM workers shared across them; the
+invariance knobs on scenarios/moe-invariance.yaml, where a batch-dependent router drifts under the batch knob."""
 
 from __future__ import annotations
 

@@ -1,0 +1,54 @@
+"""LoRA adapters at serving time (issue 59, item 1) with real engines: the named tiny adapter on tiny-llama applied by
+HF through PEFT, vLLM offline and the vLLM server gives HF's tokens, so does the model with the adapter merged into
+its weights (run by vLLM through its own model:), and the same engine without the adapter does not: the adapter
+changes the answers, and each engine really applied it. One run, the engines loaded once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import ParityRun, parity, write_scenario
+
+pytestmark = pytest.mark.engines
+
+SCENARIO = """\
+name: lora-tiny
+model: tiny-llama
+lora: lora-tiny-llama
+engines:
+  hf: {engine: hf, reference: true}
+  vllm: {engine: vllm}
+  vllm-server: {engine: vllm-server}
+  merged: {engine: vllm, model: tiny-llama+lora-tiny-llama}
+  base: {engine: vllm, lora: none, expect: {tokens: any}}
+prompts:
+  - {id: story, text: "Once upon a time, in a small village by the sea,"}
+  - {id: chat, messages: [{role: user, content: "What is 12 times 7? Answer briefly."}]}
+params: {temperature: 0, max_new_tokens: 12, ignore_eos: true}
+"""
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> ParityRun:
+    tmp = tmp_path_factory.mktemp("lora")
+    return parity("run", str(write_scenario(tmp / "lora.yaml", SCENARIO)), out=tmp / "out")
+
+
+def test_every_engine_applies_the_adapter_and_matches_hf_and_the_merged_model(run: ParityRun) -> None:
+    assert run.code == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    verdicts = run.verdicts.set_index(["engine", "case_id"]).verdict
+    for engine in ("vllm", "vllm-server", "merged"):
+        assert set(verdicts[engine]) == {"match"}, (engine, verdicts[engine].to_dict())
+    assert set(verdicts["base"]) == {"diverged"}  # without the adapter the answers are other ones
+
+
+def test_the_run_records_which_engine_applied_which_adapter(run: ParityRun) -> None:
+    engines = json.loads((run.run_dir / "run.json").read_text())["engines"]
+    for name in ("hf", "vllm", "vllm-server"):
+        assert engines[name]["lora"].endswith("lora-tiny-llama"), name
+    assert engines["merged"]["lora"] == "" and "tiny-llama+lora-tiny-llama" in engines["merged"]["model_path"]
+    assert engines["base"]["lora"] == ""
+    server_log = (run.run_dir / "engines" / "vllm-server" / "server.log").read_text()
+    assert "lora-tiny-llama" in server_log  # the server registered it under its served name

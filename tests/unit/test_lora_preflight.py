@@ -1,0 +1,122 @@
+"""LoRA preflight (issue 59, item 3): every adapter a scenario gives an engine is checked where the file is read,
+before any engine loads, each refusal one line naming the file, the key, the engine's own rule and the fix. The
+adapters and the base model here are small safetensors folders written by the test (no engine, no model build)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from harness.core.errors import ConfigError
+from harness.models import catalog, lora, merged
+from harness.scenario.spec import load
+
+from helpers import write_scenario
+
+HIDDEN = 16
+Q, DOWN = "model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj"
+
+
+def base_model(folder: Path) -> Path:
+    """A model folder whose weights the shape check reads (config.json and model.safetensors)."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    save_file({"model.layers.0.self_attn.q_proj.weight": np.zeros((HIDDEN, HIDDEN), np.float32),
+               "model.layers.0.mlp.down_proj.weight": np.zeros((HIDDEN, 2 * HIDDEN), np.float32),
+               "lm_head.weight": np.zeros((32, HIDDEN), np.float32)},
+              str(folder / "model.safetensors"))
+    return folder
+
+
+def adapter(folder: Path, rank: int = 4, modules: dict[str, tuple[int, int]] | None = None, **config) -> Path:
+    """A PEFT folder adapting these modules ({module path: (out, in)})."""
+    folder.mkdir(parents=True)
+    tensors = {}
+    for name, (out, inp) in (modules or {Q: (HIDDEN, HIDDEN)}).items():
+        prefix = f"base_model.model.{name}"
+        tensors[f"{prefix}.lora_A.weight"] = np.ones((rank, inp), np.float32)
+        tensors[f"{prefix}.lora_B.weight"] = np.ones((out, rank), np.float32)
+    save_file(tensors, str(folder / lora.WEIGHTS))
+    (folder / lora.CONFIG).write_text(json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, **config}))
+    return folder
+
+
+def scenario(tmp_path: Path, model: Path, engine: str, lora_value: str) -> Path:
+    return write_scenario(tmp_path / "s.yaml", f"""\
+model: {model}
+lora: {lora_value}
+engines:
+  hf: {{engine: hf, reference: true}}
+  other: {{engine: {engine}}}
+prompts: ["hi"]
+params: {{temperature: 0, max_new_tokens: 2}}
+""")
+
+
+def refusal(path: Path) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load(path)
+    message = caught.value.message
+    assert "\n" not in message.strip() and str(path) in message, message
+    return message
+
+
+def test_a_fitting_adapter_passes_and_names_its_scale(tmp_path: Path) -> None:
+    model = base_model(tmp_path / "base")
+    folder = adapter(tmp_path / "ok")
+    load(scenario(tmp_path, model, "vllm", str(folder)))
+    info = lora.read(folder)
+    assert (info.rank, info.scale, info.targets, info.layers) == (4, 2.0, ("q_proj",), (0,))
+
+
+def test_a_missing_folder_is_named_with_the_fix(tmp_path: Path) -> None:
+    message = refusal(scenario(tmp_path, base_model(tmp_path / "base"), "vllm", str(tmp_path / "nowhere")))
+    assert "lora:" in message and "is not a folder" in message and "lora-smollm2" in message
+
+
+def test_an_engine_without_adapters_is_named(tmp_path: Path) -> None:
+    message = refusal(scenario(tmp_path, base_model(tmp_path / "base"), "lmdeploy, dtype: bfloat16",
+                               str(adapter(tmp_path / "a"))))
+    assert "cannot apply a LoRA adapter" in message and "lora: none" in message
+
+
+def test_a_rank_over_the_engines_limit_quotes_its_rule(tmp_path: Path) -> None:
+    message = refusal(scenario(tmp_path, base_model(tmp_path / "base"), "vllm",
+                               str(adapter(tmp_path / "big", rank=600))))
+    assert "rank 600" in message and "max_lora_rank" in message and "512" in message
+
+
+def test_a_module_the_engine_cannot_adapt_quotes_its_rule(tmp_path: Path) -> None:
+    head = adapter(tmp_path / "head", modules={Q: (HIDDEN, HIDDEN), "lm_head": (32, HIDDEN)})
+    message = refusal(scenario(tmp_path, base_model(tmp_path / "base"), "vllm", str(head)))
+    assert "adapts lm_head, which vllm cannot adapt" in message
+
+
+def test_an_adapter_of_another_model_is_refused_by_its_shapes(tmp_path: Path) -> None:
+    other = adapter(tmp_path / "other", modules={Q: (2 * HIDDEN, 2 * HIDDEN)},
+                    base_model_name_or_path="some/other-model")
+    message = refusal(scenario(tmp_path, base_model(tmp_path / "base"), "vllm", str(other)))
+    assert "[32, 32] weight" in message and "[16, 16]" in message and "some/other-model" in message
+
+
+def test_a_named_adapter_of_another_base_is_refused(tmp_path: Path) -> None:
+    message = refusal(scenario(tmp_path, base_model(tmp_path / "base"), "vllm", "lora-smollm2"))
+    assert "lora-smollm2 is an adapter of smollm2-135m" in message
+
+
+def test_merged_model_names_split_and_merge_in_float64(tmp_path: Path) -> None:
+    assert merged.split("tiny-llama+lora-tiny-llama") == ("tiny-llama", "lora-tiny-llama")
+    assert merged.split("tiny-llama") is None
+    assert catalog.model_problem("tiny-llama+nowhere").startswith("nowhere is not a folder")
+    model = base_model(tmp_path / "base")
+    folder = adapter(tmp_path / "a", modules={DOWN: (HIDDEN, 2 * HIDDEN)})
+    merged.merge(model, folder, tmp_path / "out")
+    from safetensors.numpy import load_file
+
+    down = load_file(str(tmp_path / "out" / "float32" / "model.safetensors"))["model.layers.0.mlp.down_proj.weight"]
+    assert np.allclose(down, 2.0 * 4)  # scale (alpha / r = 2) x B A (ones: rank 4)
+    assert json.loads((tmp_path / "out" / "bfloat16" / "config.json").read_text()).get("dtype") == "bfloat16"
