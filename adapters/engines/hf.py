@@ -151,6 +151,7 @@ class Engine:
         self.model = AutoModelForCausalLM.from_pretrained(
             setup.model_path, dtype=getattr(torch, setup.dtype), attn_implementation=self.options.attn_implementation,
             **experts_kwargs(setup.model_path, setup.dtype))
+        self.lora = setup.lora
         self.model = with_adapter(self.model, setup.lora, setup.dtype).eval()
         apply_patch(self.options.patch, self.model)
         self.capture: Capture | None = None  # hooks attached on the first trace: idle outside a traced pass
@@ -329,7 +330,13 @@ class Engine:
 
         store = torch.float64 if self.dtype == "float64" else torch.float32
         yield from run_traces(self.name, capture, requests, self.workdir, store, forward,
-                              {"engine": DESCRIPTION.name, "dtype": self.dtype})
+                              {"engine": DESCRIPTION.name, "dtype": self.dtype}, after=self._adapter_metadata)
+
+    def _adapter_metadata(self) -> dict[str, str]:
+        """The LoRA update the model holds (adapters.tracing.lora_weights), where it applies one."""
+        from adapters.tracing.lora_weights import adapter_metadata
+
+        return adapter_metadata(self.model, self.lora.rank) if self.lora else {}
 
     def _logits(self, capture: Capture, token_ids: list[int], logits_from: int) -> None:
         """A model type without a map: the logits from the model's own output (a family's final soft-capping

@@ -197,6 +197,7 @@ class Engine:
                        generation_config="vllm",  # no implicit defaults from the model's generation_config.json
                        **lora_kwargs(setup.lora))
         self.lora = lora_request(setup.lora)  # given with every request (None: no adapter)
+        self.rank = setup.lora.rank if setup.lora else 0
         self.env = env
         self.capture: Capture | None = None  # hooks attached on the first trace: idle outside a traced pass
         if self.options.patch:
@@ -252,7 +253,14 @@ class Engine:
 
         store = torch.float64 if self.dtype == "float64" else torch.float32
         yield from run_traces(self.name, capture, requests, self.workdir, store, forward,
-                              {"engine": DESCRIPTION.name, "dtype": self.dtype}, keep=("final_norm",))
+                              {"engine": DESCRIPTION.name, "dtype": self.dtype}, keep=("final_norm",),
+                              after=lambda: self._adapter_metadata(model))
+
+    def _adapter_metadata(self, model: Any) -> dict[str, str]:
+        """The LoRA update vLLM holds once a request has loaded the adapter (adapters.tracing.lora_weights)."""
+        from adapters.tracing.lora_weights import adapter_metadata
+
+        return adapter_metadata(model, self.rank) if self.lora else {}
 
     def versions(self) -> dict[str, str]:
         import torch

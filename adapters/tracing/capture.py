@@ -233,10 +233,11 @@ def trace_result(engine_name: str, request: TraceRequest, path: Path, points: li
 
 def run_traces(engine_name: str, capture: Capture, requests: list[TraceRequest], workdir: Path, store_dtype: Any,
                forward: Callable[[list[int], int], None], metadata: dict[str, str],
-               keep: tuple[str, ...] = ()) -> Iterator[TraceResult]:
+               keep: tuple[str, ...] = (), after: Callable[[], dict[str, str]] = dict) -> Iterator[TraceResult]:
     """One teacher-forced pass per request, its capture points streamed to workdir/traces/<case>.safetensors.
     forward(token_ids, logits_from) runs the model and computes the logits from position logits_from on; `keep`:
-    points it reads back from capture.keep."""
+    points it reads back from capture.keep; `after`: metadata read from the engine once a pass has run (what it
+    loads on a first request, as vLLM its adapter)."""
     for request in requests:
         path = trace_path(workdir, request)
         writer = trace_writer(request, path, store_dtype)
@@ -252,5 +253,5 @@ def run_traces(engine_name: str, capture: Capture, requests: list[TraceRequest],
             writer.discard()
             raise
         points = writer.close({**about, "fused": ",".join(capture.arch.fused), "prompt_len": str(request.prompt_len),
-                               "logits_from": str(logits_from), "missing_map": capture.arch.missing})
+                               "logits_from": str(logits_from), "missing_map": capture.arch.missing, **after()})
         yield trace_result(engine_name, request, path, points, writer, started, routes)

@@ -64,6 +64,7 @@ class Localisation(BaseModel):
     out_of_floor: dict[str, Any] | None = None
     curve: list[dict[str, Any]] = Field(default_factory=list)
     routing: dict[str, Any] | None = None  # a mixture-of-experts model: the first routing difference and the grid
+    adapter: dict[str, Any] | None = None  # LoRA at serving time: the engines' updates compared (adapter_reading)
 
 
 def _fmt(value: float) -> str:
@@ -106,11 +107,13 @@ def error_curve(points: pd.DataFrame) -> list[dict[str, Any]]:
 def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str, prompt_equal: bool,
              divergence: Divergence | None, nonfinite: dict[str, dict[str, int]], fused: dict[str, set[str]],
              param_note: str, k: float, decode: Decode, ending: str = "", missing_map: str = "",
-             near_tie: bool = False, routing: pd.DataFrame | None = None) -> Localisation:
+             near_tie: bool = False, routing: pd.DataFrame | None = None,
+             adapter: dict[str, Any] | None = None) -> Localisation:
     """points: against_floor() output for this engine vs the reference, in forward order. ending: how the engines
     stop at different steps when the run judged them apart with no differing token to look at. missing_map: why
     no point inside the model was captured by both (only the logits were compared). near_tie: the run judged the
-    divergence a near-tie. routing: both engines' chosen experts compared (harness.explain.routing.classify)."""
+    divergence a near-tie. routing: both engines' chosen experts compared (harness.explain.routing.classify).
+    adapter: both engines' LoRA updates compared (harness.explain.adapter_reading.compare)."""
     if set(points["point"]) <= {"logits"}:
         return _logits_only(points, case_id=case_id, engine=engine, reference=reference, prompt_equal=prompt_equal,
                             divergence=divergence, nonfinite=nonfinite, k=k, decode=decode, ending=ending,
@@ -122,6 +125,9 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
     routed = f" Routing: {routes.sentence(overall, engine)}." if overall else ""
     if overall:
         base["routing"] = {**overall, "grid": routes.grid(routing), "legend": routes.GRID_LEGEND}
+    if adapter:
+        base["adapter"] = adapter
+        routed += f" LoRA: {adapter['sentence']}."
     differs = points[points["error"] > 0]
     if len(differs):
         first = differs.iloc[0]
@@ -151,6 +157,9 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
         moe = _moe_reading(routing, row, engine) if routing is not None else None
         if moe:
             base["out_of_floor"]["routing"], cause, routed = moe[0], moe[1], ""
+        if adapter and adapter["kind"] != "same":
+            base["out_of_floor"]["adapter"] = adapter["kind"]
+            cause, routed = f"{cause}; the LoRA adapter: {adapter['sentence']}", ""
         verdict = (f"{_where(row['point'])} leaves the noise floor first (from position {since}): relative error "
                    f"{_fmt(row['error'])} is "
                    f"{_fmt(row['ratio'])}x the floor ({_fmt(row['floor'])}; threshold {k:g}x), {origin}. Candidate "

@@ -22,6 +22,8 @@ from harness.compare.own_top1 import TIE
 from harness.core.errors import ConfigError
 from harness.core.types import Result, TraceRequest, TraceResult
 from harness.executors.engine_runs import Progress, run_engines
+from harness.explain.adapter_reading import compare as compare_updates
+from harness.explain.adapter_reading import norms as adapter_norms
 from harness.explain.kept_rows import keep_rows
 from harness.explain.localise import Divergence, Localisation, localise
 from harness.explain.routing import classify, compare_routes, read_routes
@@ -312,8 +314,17 @@ def _explain_engine(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFr
                    param_note=param_note, k=k, decode=decode, ending=ending,
                    missing_map="; ".join(dict.fromkeys(filter(None, (t.metadata.get("missing_map", "")
                                                                      for t in (ref_trace, trace))))),
-                   near_tie=verdict["verdict"] == "benign_tie", routing=routed)
+                   near_tie=verdict["verdict"] == "benign_tie", routing=routed,
+                   adapter=adapter_difference(ref_trace, trace, name))
     return loc, frame, points, routed
+
+
+def adapter_difference(ref_trace: Trace, trace: Trace, name: str) -> dict | None:
+    """The two engines' LoRA updates compared, where both applied an adapter (None otherwise)."""
+    ref_norms, norms = adapter_norms(ref_trace.metadata), adapter_norms(trace.metadata)
+    if ref_norms is None or norms is None:
+        return None
+    return compare_updates(ref_norms, norms, int(trace.metadata.get("lora_rank", "0")), name)
 
 
 def _ending(results: pd.DataFrame, ref: str, name: str, case_id: str, verdict: pd.Series) -> str:

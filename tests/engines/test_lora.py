@@ -1,7 +1,9 @@
-"""LoRA adapters at serving time (issue 59, item 1) with real engines: the named tiny adapter on tiny-llama applied by
-HF through PEFT, vLLM offline and the vLLM server gives HF's tokens, so does the model with the adapter merged into
-its weights (run by vLLM through its own model:), and the same engine without the adapter does not: the adapter
-changes the answers, and each engine really applied it. One run, the engines loaded once."""
+"""LoRA adapters at serving time (issue 59, items 1 and 2) with real engines: the named tiny adapter on tiny-llama
+applied by HF through PEFT, vLLM offline and the vLLM server gives HF's tokens, so does the model with the adapter
+merged into its weights (run by vLLM through its own model:), and the same engine without the adapter does not: the
+adapter changes the answers, and each engine really applied it. `parity explain` traces HF and vLLM with the adapter
+applied, keeps them inside the noise floor with the updates they hold equal, and names three faults planted in HF
+copies (scenarios/lora-faults.yaml): rsLoRA's scale, v_proj left unadapted, the adapter applied one layer off."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import json
 
 import pytest
 
-from helpers import ParityRun, parity, write_scenario
+from helpers import SCENARIOS, ParityRun, parity, write_scenario
 
 pytestmark = pytest.mark.engines
 
@@ -28,6 +30,7 @@ prompts:
   - {id: chat, messages: [{role: user, content: "What is 12 times 7? Answer briefly."}]}
 params: {temperature: 0, max_new_tokens: 12, ignore_eos: true}
 """
+FAULTS = {"rslora": "scale", "unadapted_v": "unadapted", "shifted_layers": "layer_shift"}
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +55,33 @@ def test_the_run_records_which_engine_applied_which_adapter(run: ParityRun) -> N
     assert engines["base"]["lora"] == ""
     server_log = (run.run_dir / "engines" / "vllm-server" / "server.log").read_text()
     assert "lora-tiny-llama" in server_log  # the server registered it under its served name
+
+
+@pytest.fixture(scope="module")
+def explained(tmp_path_factory) -> ParityRun:
+    tmp = tmp_path_factory.mktemp("lora-explain")
+    run = parity("explain", str(SCENARIOS / "lora-faults.yaml"), out=tmp / "out")
+    assert run.code == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    return run
+
+
+def located(run: ParityRun) -> dict[str, dict]:
+    return {loc["engine"]: loc for loc in json.loads(
+        (run.run_dir / "explain" / "localisation.json").read_text())["localisations"]}
+
+
+def test_explain_traces_the_adapted_engines_inside_the_floor(explained: ParityRun) -> None:
+    clean = located(explained)["vllm"]
+    assert clean["cause"] == "none", clean["verdict"]
+    assert clean["adapter"]["kind"] == "same", clean["verdict"]  # the updates vLLM holds are PEFT's
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_planted_adapter_fault_is_named(explained: ParityRun, fault: str) -> None:
+    found = located(explained)[fault]
+    assert found["cause"] == "component", found["verdict"]
+    assert found["out_of_floor"]["adapter"] == FAULTS[fault], found["verdict"]
+    assert found["out_of_floor"]["layer"] == 0, found["verdict"]
+    words = {"rslora": "alpha / sqrt(r) (rsLoRA) where the adapter says alpha / r (r = 8)",
+             "unadapted_v": "leaves v_proj unadapted", "shifted_layers": "the adapter applied at the wrong layer"}
+    assert words[fault] in found["verdict"], found["verdict"]

@@ -1,0 +1,82 @@
+"""Two engines' LoRA updates compared (each trace's metadata carries, per layer and adapted module, the norm of the
+scale * B A its engine holds: adapters.tracing.lora_weights) and what a difference means: a module one engine does
+not adapt, the same update at another scale in every module (alpha / sqrt(r), rsLoRA, where the adapter says
+alpha / r, or the reverse), another layer's update at each layer (an adapter applied at the wrong layer index), or
+other weights. The norms are the engines' own: equal weights give equal norms to the last digits, so RTOL is tight."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+RTOL = 1e-4  # norms of one update held by two engines (float32 weights, float64 norms) agree well inside this
+
+
+def norms(metadata: dict[str, str]) -> dict[tuple[int, str], float] | None:
+    """(layer, module) -> its update's norm, from a trace's metadata; None where the engine applied no adapter."""
+    if "lora_norms" not in metadata:
+        return None
+    return {(int(key.split(".", 1)[0]), key.split(".", 1)[1]): value
+            for key, value in json.loads(metadata["lora_norms"]).items()}
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= RTOL * max(abs(a), abs(b))
+
+
+def compare(reference: dict[tuple[int, str], float], other: dict[tuple[int, str], float], rank: int,
+            engine: str) -> dict[str, Any]:
+    """The reading: kind (same | unadapted | extra | scale | layer_shift | weights) and a sentence."""
+    missing = sorted(k for k, v in reference.items() if v > 0 and other.get(k, 0.0) == 0.0)
+    if missing:
+        modules = sorted({m for _, m in missing})
+        layers = sorted({layer for layer, _ in missing})
+        return {"kind": "unadapted", "modules": modules,
+                "sentence": f"{engine} leaves {', '.join(modules)} unadapted (layers {_span(layers)}), which the "
+                            "reference adapts: an engine that skips a module it does not support"}
+    extra = sorted(k for k, v in other.items() if v > 0 and reference.get(k, 0.0) == 0.0)
+    if extra:
+        return {"kind": "extra", "sentence": f"{engine} adapts {', '.join(sorted({m for _, m in extra}))}, which "
+                                             "the reference does not"}
+    shared = sorted(reference)
+    if all(_close(reference[k], other[k]) for k in shared):
+        return {"kind": "same", "sentence": f"the LoRA updates agree in all {len(shared)} adapted modules"}
+    ratios = [other[k] / reference[k] for k in shared if reference[k] > 0]
+    if ratios and all(_close(r, ratios[0]) for r in ratios):
+        return {"kind": "scale", "ratio": ratios[0], "sentence": _scale_sentence(ratios[0], rank, engine)}
+    shift = _layer_shift(reference, other)
+    if shift is not None:
+        return {"kind": "layer_shift", "offset": shift,
+                "sentence": f"{engine} applies at each layer the update the reference applies {abs(shift)} layer"
+                            f"{'s' if abs(shift) > 1 else ''} {'later' if shift > 0 else 'earlier'} (layer i holds "
+                            f"layer i{shift:+d}'s): the adapter applied at the wrong layer index"}
+    first = next(k for k in shared if not _close(reference[k], other[k]))
+    return {"kind": "weights", "sentence": f"{engine}'s LoRA update differs first at layer {first[0]} {first[1]} "
+                                           f"(norm {other[first]:.4g} against {reference[first]:.4g})"}
+
+
+def _scale_sentence(ratio: float, rank: int, engine: str) -> str:
+    said = f"{engine} applies the adapter at {ratio:.4g}x the reference's scale in every adapted module"
+    if rank > 1 and _close(ratio, math.sqrt(rank)):
+        return f"{said}: alpha / sqrt(r) (rsLoRA) where the adapter says alpha / r (r = {rank})"
+    if rank > 1 and _close(ratio, 1 / math.sqrt(rank)):
+        return f"{said}: alpha / r where the adapter says alpha / sqrt(r) (rsLoRA, r = {rank})"
+    return said
+
+
+def _layer_shift(reference: dict[tuple[int, str], float], other: dict[tuple[int, str], float]) -> int | None:
+    """The one offset d with other[(i, m)] == reference[(i + d, m)] wherever both exist (wrapping around the
+    layers), or None."""
+    layers = sorted({layer for layer, _ in reference})
+    count = len(layers)
+    for d in range(1, count):
+        pairs = [(other[(i, m)], reference.get((layers[(layers.index(i) + d) % count], m)))
+                 for i, m in other if i in layers]
+        if pairs and all(r is not None and _close(o, r) for o, r in pairs):
+            return d if d <= count // 2 else d - count
+    return None
+
+
+def _span(layers: list[int]) -> str:
+    return f"{layers[0]}..{layers[-1]}" if len(layers) > 2 else ", ".join(map(str, layers))

@@ -1,0 +1,51 @@
+"""The LoRA update comparison of harness.explain.adapter_reading on hand-written norms: equal updates agree, a module
+one engine leaves out is named, a common factor is a scale (rsLoRA's sqrt(r) named), another layer's updates a
+layer shift, anything else other weights."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from harness.explain.adapter_reading import compare, norms
+
+REFERENCE = {(0, "q_proj"): 1.0, (0, "v_proj"): 2.0, (1, "q_proj"): 3.0, (1, "v_proj"): 4.0, (2, "q_proj"): 5.0,
+             (2, "v_proj"): 6.0}
+
+
+def test_norms_are_read_from_a_traces_metadata() -> None:
+    assert norms({"engine": "hf"}) is None
+    assert norms({"lora_norms": json.dumps({"0.q_proj": 1.5})}) == {(0, "q_proj"): 1.5}
+
+
+def test_equal_updates_agree() -> None:
+    found = compare(REFERENCE, {k: v * (1 + 1e-6) for k, v in REFERENCE.items()}, 8, "vllm")
+    assert found["kind"] == "same" and "all 6 adapted modules" in found["sentence"]
+
+
+def test_a_module_left_out_is_named_with_its_layers() -> None:
+    other = {k: v for k, v in REFERENCE.items() if k[1] != "v_proj"}
+    found = compare(REFERENCE, other, 8, "x")
+    assert found["kind"] == "unadapted" and found["modules"] == ["v_proj"]
+    assert "x leaves v_proj unadapted (layers 0..2)" in found["sentence"]
+
+
+def test_a_common_factor_is_a_scale_and_sqrt_r_is_rslora() -> None:
+    found = compare(REFERENCE, {k: v * math.sqrt(8) for k, v in REFERENCE.items()}, 8, "x")
+    assert found["kind"] == "scale" and "alpha / sqrt(r) (rsLoRA) where the adapter says alpha / r" in found["sentence"]
+    found = compare(REFERENCE, {k: v * 0.5 for k, v in REFERENCE.items()}, 8, "x")
+    assert found["kind"] == "scale" and "0.5x the reference's scale" in found["sentence"]
+    assert "rsLoRA" not in found["sentence"]
+
+
+def test_another_layers_updates_are_a_layer_shift() -> None:
+    shifted = {(layer, m): REFERENCE[((layer + 1) % 3, m)] for layer, m in REFERENCE}
+    found = compare(REFERENCE, shifted, 8, "x")
+    assert (found["kind"], found["offset"]) == ("layer_shift", 1)
+    assert "layer i holds layer i+1's" in found["sentence"]
+
+
+def test_unrelated_weights_are_named_where_they_first_differ() -> None:
+    other = {**REFERENCE, (1, "v_proj"): 4.5}
+    found = compare(REFERENCE, other, 8, "x")
+    assert found["kind"] == "weights" and "layer 1 v_proj" in found["sentence"]
