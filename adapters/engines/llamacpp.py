@@ -34,6 +34,8 @@ from adapters.contract import (
 )
 from adapters.engines import llamacpp_gguf
 from adapters.engines.gguf_tensors import describe
+from adapters.engines.llamacpp_lora import RULES as LORA_RULES
+from adapters.engines.llamacpp_lora import adapter_gguf
 from harness.core.numeric import log_softmax, top_k_ids
 from harness.core.types import EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
 from harness.core.vocabulary import SamplingParams
@@ -211,7 +213,8 @@ class Engine:
                 n_threads=self.threads, n_threads_batch=self.threads, logits_all=True,
                 flash_attn=self.options.flash_attn,
                 type_k=GGML_TYPES[self.options.kv_cache], type_v=GGML_TYPES[self.options.kv_cache],
-                last_n_tokens_size=self.options.last_n_tokens, verbose=False)
+                last_n_tokens_size=self.options.last_n_tokens, verbose=False,
+                lora_path=str(adapter_gguf(setup.model_path, Path(setup.lora.path))) if setup.lora else None)
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self.workdir = setup.workdir
         self.tracer: Any = None  # made on the first trace
@@ -299,7 +302,7 @@ class Engine:
             from adapters.tracing.ggml_graph import GraphTracer
 
             params = type(self.llm.context_params).from_buffer_copy(self.llm.context_params)
-            self.tracer = GraphTracer(self.llama_cpp, self.llm.model, params)
+            self.tracer = GraphTracer(self.llama_cpp, self.llm.model, params, getattr(self.llm, "_lora_adapter", None))
         yield from run_graph_traces(self.name, self.tracer, requests, self.workdir,
                                     {"engine": DESCRIPTION.name, "dtype": "float32", "weights": self._file_type()})
 
@@ -319,4 +322,4 @@ DESCRIPTION = EngineDescription(
     sampling=lambda options: SamplingCode("adapters.sampling.llamacpp", {
         "mode": "library", "last_n_tokens": options.last_n_tokens, "gguf": options.gguf}),
     prepare=llamacpp_gguf.prepare, weights=lambda model_path, options: llamacpp_gguf.weights(model_path, options.gguf),
-    own_bos=lambda options: user_gguf_bos(options.gguf))
+    own_bos=lambda options: user_gguf_bos(options.gguf), lora=LORA_RULES)

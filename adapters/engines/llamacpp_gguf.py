@@ -271,7 +271,7 @@ def bundled_source(model_path: Path) -> Path:
 
 
 @contextmanager
-def _locked(folder: Path) -> Iterator[None]:
+def locked(folder: Path) -> Iterator[None]:
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -286,7 +286,7 @@ def ensure(model_path: Path, variant: str) -> Path:
     path = variant_path(model_path, variant)
     if variant == BUNDLED or path.exists():
         return path
-    with _locked(path.parent):  # another engine may be building it: wait, then find it built
+    with locked(path.parent):  # another engine may be building it: wait, then find it built
         return _build(model_path, variant)
 
 
@@ -296,10 +296,10 @@ def _build(model_path: Path, variant: str) -> Path:
     if path.exists():
         return path
     if variant in FULL_PRECISION:
-        _atomic(path, lambda tmp: write_full_precision(model_path, tmp, variant))
+        atomic_write(path, lambda tmp: write_full_precision(model_path, tmp, variant))
     else:
         source = _build(model_path, "f32")
-        _atomic(path, lambda tmp: quantise(source, tmp, variant))
+        atomic_write(path, lambda tmp: quantise(source, tmp, variant))
     return path
 
 
@@ -330,7 +330,7 @@ def prepare(model_path: Path, build: bool) -> str:
     return f"GGUF variants {', '.join(p.stem for p in built)} in {built[0].parent}"
 
 
-def _atomic(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.unlink(missing_ok=True)
     try:

@@ -19,6 +19,8 @@ from adapters.engines import llamacpp_gguf
 from adapters.engines.gguf_tensors import describe
 from adapters.engines.llamacpp import GGML_TYPES, extra_buffers, gguf_file, user_gguf_bos
 from adapters.engines.llamacpp import Options as LibraryOptions
+from adapters.engines.llamacpp_lora import RULES as LORA_RULES
+from adapters.engines.llamacpp_lora import adapter_gguf
 from adapters.engines.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
 from adapters.http.client import RequestFailed
 from adapters.http.token_ids import TokenResolver
@@ -76,13 +78,16 @@ def command(setup: EngineSetup, port: int, options: Options, gguf: str, threads:
             "--model", gguf, "--host", options.bind, "--port", str(port),
             "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx),
             "--n_batch", str(n_ctx), "--logits_all", "true", "--type_k", kv, "--type_v", kv,
-            "--last_n_tokens_size", str(options.last_n_tokens), *options.extra_args]
+            "--last_n_tokens_size", str(options.last_n_tokens),
+            *(["--lora_path", str(adapter_gguf(setup.model_path, Path(setup.lora.path)))] if setup.lora else []),
+            *options.extra_args]
 
 
 class Engine(ServedEngine):
     options: Options  # for mypy, above `Options = Options`: below it, Options names the class attribute
     Options = Options
     DIALECT = DIALECT
+    ADAPTER_BY_NAME = False  # started with --lora_path, it applies the adapter to every request
 
     def score(self, requests: list[TraceRequest]) -> Iterator[Result]:
         """Teacher forcing through the server's echo: the sequence's text sent as the prompt with echo and logprobs
@@ -157,4 +162,4 @@ DESCRIPTION = EngineDescription(
         "gguf": None if options.url else options.gguf}),
     dialect=lambda options: DIALECT,
     weights=lambda model_path, options: None if options.url else llamacpp_gguf.weights(model_path, options.gguf),
-    own_bos=lambda options: None if options.url else user_gguf_bos(options.gguf))
+    own_bos=lambda options: None if options.url else user_gguf_bos(options.gguf), lora=LORA_RULES)

@@ -81,6 +81,8 @@ class ServedEngine(OpenAIEngine):
 
     Options: ClassVar[type[ServedOptions]] = ServedOptions
     DIALECT: ClassVar[str]
+    # a LoRA adapter is chosen per request by its served name (vLLM); False: the server applies it to every request
+    ADAPTER_BY_NAME: ClassVar[bool] = True
     options: ServedOptions  # an instance of the subclass's Options
 
     def __init__(self, setup: EngineSetup):
@@ -95,7 +97,7 @@ class ServedEngine(OpenAIEngine):
             base = self._start(setup, headers)
         alive = self.server.gone if self.server else (lambda: None)
         self.connect(setup.model_path, base, DIALECTS[self.DIALECT], self.options, headers, alive,
-                     adapter=setup.lora.name if setup.lora else None)
+                     adapter=setup.lora.name if setup.lora and self.ADAPTER_BY_NAME else None)
 
     def launch(self, setup: EngineSetup, port: int) -> Launch:
         raise NotImplementedError

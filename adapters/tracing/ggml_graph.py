@@ -172,7 +172,9 @@ class GraphTracer:
     trace writer (adapters.tracing.capture.trace_writer) in the order llama.cpp computes them; a full pass of a
     mixture-of-experts graph also collects the chosen experts (write_routes puts them beside the trace)."""
 
-    def __init__(self, llama_cpp: Any, model: Any, context_params: Any):
+    def __init__(self, llama_cpp: Any, model: Any, context_params: Any, adapter: Any = None):
+        """adapter: the engine's loaded LoRA adapter, set on the traced context too (llama.cpp applies one per
+        context)."""
         self.llama_cpp, self.model = llama_cpp, model
         arch = architecture(llama_cpp, model)
         self.map = GRAPH_MAPS.get(arch)
@@ -195,6 +197,9 @@ class GraphTracer:
         self.ctx = llama_cpp.llama_init_from_model(model, context_params)
         if not self.ctx:
             raise RuntimeError("llama.cpp trace: could not create the traced context")
+        if adapter is not None and llama_cpp.llama_set_adapters_lora(
+                self.ctx, (llama_cpp.llama_adapter_lora_p_ctypes * 1)(adapter), 1, (ctypes.c_float * 1)(1.0)):
+            raise RuntimeError("llama.cpp trace: could not set the LoRA adapter on the traced context")
 
     def _point(self, tensor: int, name: str, op: str) -> str | None:
         if self.map is None:

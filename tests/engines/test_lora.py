@@ -1,5 +1,6 @@
 """LoRA adapters at serving time (issue 59, items 1 and 2) with real engines: the named tiny adapter on tiny-llama
-applied by HF through PEFT, vLLM offline and the vLLM server gives HF's tokens, so does the model with the adapter
+applied by HF through PEFT, vLLM offline, the vLLM server, llama.cpp and its server (the adapter written as a GGUF
+adapter here) gives HF's tokens, so does the model with the adapter
 merged into its weights (run by vLLM through its own model:), and the same engine without the adapter does not: the
 adapter changes the answers, and each engine really applied it. `parity explain` traces HF and vLLM with the adapter
 applied, keeps them inside the noise floor with the updates they hold equal, and names three faults planted in HF
@@ -23,6 +24,9 @@ engines:
   hf: {engine: hf, reference: true}
   vllm: {engine: vllm}
   vllm-server: {engine: vllm-server}
+  llama.cpp: {engine: llama.cpp, options: {gguf: f32}}
+  # the server returns text, not ids: a byte piece the random model emits is read as its EOS (the chat case)
+  llama.cpp-server: {engine: llama.cpp-server, options: {gguf: f32}, expect: {tokens: any}}
   merged: {engine: vllm, model: tiny-llama+lora-tiny-llama}
   base: {engine: vllm, lora: none, expect: {tokens: any}}
 prompts:
@@ -42,14 +46,15 @@ def run(tmp_path_factory) -> ParityRun:
 def test_every_engine_applies_the_adapter_and_matches_hf_and_the_merged_model(run: ParityRun) -> None:
     assert run.code == 0, run.stdout[-3000:] + run.stderr[-2000:]
     verdicts = run.verdicts.set_index(["engine", "case_id"]).verdict
-    for engine in ("vllm", "vllm-server", "merged"):
+    for engine in ("vllm", "vllm-server", "llama.cpp", "merged"):
         assert set(verdicts[engine]) == {"match"}, (engine, verdicts[engine].to_dict())
+    assert verdicts[("llama.cpp-server", "story")] == "match"
     assert set(verdicts["base"]) == {"diverged"}  # without the adapter the answers are other ones
 
 
 def test_the_run_records_which_engine_applied_which_adapter(run: ParityRun) -> None:
     engines = json.loads((run.run_dir / "run.json").read_text())["engines"]
-    for name in ("hf", "vllm", "vllm-server"):
+    for name in ("hf", "vllm", "vllm-server", "llama.cpp", "llama.cpp-server"):
         assert engines[name]["lora"].endswith("lora-tiny-llama"), name
     assert engines["merged"]["lora"] == "" and "tiny-llama+lora-tiny-llama" in engines["merged"]["model_path"]
     assert engines["base"]["lora"] == ""

@@ -1,0 +1,64 @@
+"""A PEFT LoRA adapter as llama.cpp takes it: a GGUF adapter file (general.type adapter, adapter.type lora,
+adapter.lora.alpha) holding per adapted weight `<gguf name>.lora_a` (A, [r, in]) and `.lora_b` (B, [out, r]), B's rows
+in the base GGUF's layout (a Llama's q and k rows permuted into llama.cpp's rope layout, as the base weights are),
+written once beside the model's GGUF variants. llama.cpp scales by alpha / r; an rsLoRA adapter (alpha / sqrt(r)) is
+written with alpha x sqrt(r), so llama.cpp applies the scale the adapter means."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from adapters.contract import LoraRules
+from adapters.engines.llamacpp_gguf import atomic_write, cache_dir, gguf_name, locked, writer_for
+
+RULES = LoraRules(source="llama.cpp's LoRA adapters (a GGUF adapter written here from the PEFT folder)",
+                  modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+
+
+def adapter_gguf(model_path: Path, adapter: Path) -> Path:
+    """The adapter's GGUF for this model (built once)."""
+    digest = hashlib.sha1(f"{adapter.resolve()}".encode()).hexdigest()[:10]
+    path = cache_dir(model_path) / f"lora-{adapter.name}-{digest}.gguf"
+    with locked(path.parent):
+        if not path.exists():
+            atomic_write(path, lambda tmp: write_adapter(model_path, adapter, tmp))
+    return path
+
+
+def write_adapter(model_path: Path, adapter: Path, out: Path) -> None:
+    import gguf
+    from safetensors.numpy import load_file
+
+    config = json.loads((model_path / "config.json").read_text())
+    lora = json.loads((adapter / "adapter_config.json").read_text())
+    arch = writer_for(config)
+    hparams = arch.hparams(config)
+    rank = int(lora["r"])
+    alpha = float(lora.get("lora_alpha", rank)) * (math.sqrt(rank) if lora.get("use_rslora") else 1.0)
+    writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch.gguf_arch)])
+    writer.add_type(gguf.GGUFType.ADAPTER)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
+    tensors = load_file(str(adapter / "adapter_model.safetensors"))
+    for key in sorted(tensors):
+        if ".lora_A." not in key:
+            continue
+        module = key.removeprefix("base_model.model.").split(".lora_A.")[0]
+        name = gguf_name(f"{module}.weight", config["num_hidden_layers"], arch.gguf_arch)
+        if name is None:
+            raise RuntimeError(f"gguf: llama.cpp has no tensor for the adapted module {module}")
+        b = tensors[key.replace(".lora_A.", ".lora_B.")].astype(np.float32)
+        for suffix, transform in arch.transforms:
+            if name.endswith(suffix):
+                b = transform(b, hparams)  # B's rows are the weight's output rows
+        writer.add_tensor(f"{name}.lora_a", np.ascontiguousarray(tensors[key].astype(np.float32)))
+        writer.add_tensor(f"{name}.lora_b", np.ascontiguousarray(b))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
