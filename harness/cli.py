@@ -399,10 +399,22 @@ def models_prepare(names: Annotated[list[str] | None, typer.Argument(
     --engine-files is given."""
     from harness import models
     from harness.commands import prepare_engine_files
+    from harness.models import catalog, lora, merged
 
     for name in names or []:
-        if name not in models.MODELS:
-            raise ParityError(f"unknown model '{name}': known models are {', '.join(models.MODELS)}")
+        if merged.split(name) and catalog.model_problem(name):
+            raise ParityError(f"merged model '{name}': {catalog.model_problem(name)}")
+        if name not in models.MODELS and name not in lora.ADAPTERS and not merged.split(name):
+            raise ParityError(f"unknown model '{name}': known models are {', '.join(models.MODELS)}; adapters "
+                              f"{', '.join(lora.ADAPTERS)}; a merged model is <model>+<adapter>")
+    built = [n for n in names or [] if n not in models.MODELS]  # named adapters and merged models
+    for name in built:
+        with console.status(f"preparing {name}"):
+            path = catalog.adapter_folder(name) if name in lora.ADAPTERS else catalog.merged_folder(name, "float32")
+        console.print(f"{name}: prepared at {path.parent if merged.split(name) else path}", highlight=False)
+    if built and len(built) == len(names or []):
+        return
+    names = [n for n in names or [] if n in models.MODELS]
     for name in names or [n for n, m in models.MODELS.items() if not m.on_demand or m.prepared()]:
         already = models.MODELS[name].prepared() and not force
         with console.status(f"preparing {name}"):
@@ -428,3 +440,9 @@ def models_list() -> None:
         console.print(f"{name}: {model.description}; {state}", highlight=False)
         for engine, line in prepare_engine_files(name, build=False) if model.prepared() else []:
             console.print(f"  {engine}: {line}", highlight=False, markup=False)
+    from harness.models import catalog, lora
+
+    for name, adapter in lora.ADAPTERS.items():  # a scenario's lora:, and merged models <model>+<adapter>
+        folder = catalog.models_root() / name
+        state = f"prepared at {folder}" if (folder / lora.CONFIG).exists() else "built on first use"
+        console.print(f"{name} (LoRA adapter): {adapter.description}; {state}", highlight=False)

@@ -235,13 +235,14 @@ def gguf_name(hf_name: str, n_layers: int, arch: str = "LLAMA") -> str | None:
 
 
 def cache_dir(model_path: Path) -> Path:
-    """Where a model folder's GGUF variants live: beside a named model's folders, else under the cache by folder."""
+    """Where a model folder's GGUF variants live: beside a cached model's dtype folders (a named or a merged model),
+    else under the cache by folder."""
     from harness.models.catalog import cache_root, models_root
 
     weights = (Path(model_path) / "model.safetensors").resolve().parent  # a linked named model: its source's
     root = models_root().resolve()
     if weights.is_relative_to(root):
-        return root / weights.relative_to(root).parts[0] / "gguf"
+        return weights.parent / "gguf"  # models/<name>/float32 -> models/<name>/gguf
     digest = hashlib.sha1(str(weights).encode()).hexdigest()[:10]
     return cache_root() / "gguf" / f"{weights.name}-{digest}"
 
