@@ -54,7 +54,7 @@ class Localisation(BaseModel):
     engine: str
     reference: str
     # prompt | hazard | component | logits (beyond the floor where only the logits were compared) | sampler |
-    # near_tie | ending | none | no_trace | untraced
+    # near_tie | ending | none | no_trace | untraced | length (a difference only a pass up to the divergent step shows)
     cause: str
     verdict: str
     k: float | None = None  # the threshold: a point leaves the noise floor above k x the floor

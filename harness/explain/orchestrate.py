@@ -25,6 +25,7 @@ from harness.executors.engine_runs import Progress, run_engines
 from harness.explain.adapter_reading import compare as compare_updates
 from harness.explain.adapter_reading import norms as adapter_norms
 from harness.explain.kept_rows import keep_rows
+from harness.explain.length_passes import length_dependent_rope, prefix_requests, reread
 from harness.explain.localise import Divergence, Localisation, localise
 from harness.explain.routing import classify, compare_routes, read_routes
 from harness.explain.trace_diff import against_floor, compare_traces, first_out, metrics_frame, summarize, top2
@@ -117,6 +118,10 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
         tokenizer = load_tokenizer(models.resolve(spec.reference_model, dtype, str(scenario.path)))
         decode = lambda token: tokenizer.decode([int(token)])  # noqa: E731
         found = _compare_all(outcome, results, steps, requests, traces, passes.floor_name, k, decode, notes)
+        rope = length_dependent_rope(models.resolve(spec.reference_model, dtype, str(scenario.path)))
+        if rope and not interrupted:
+            outcomes.update(_reread_lengths(outcome, found, requests, traceable, high, keep_traces, parallel,
+                                            progress, k, decode, rope))
         if passes.scratch is not None and not interrupted:
             kept = keep_rows(scenario, run_dir, requests, traces, found.per_point, found.localisations,
                              passes.reference_trace, parallel, progress)
@@ -189,6 +194,41 @@ def _compare_all(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFrame
             if routed is not None:
                 found.routing.append(routed.assign(case_id=request.case_id, engine=name, compared_to=ref))
     return found
+
+
+def _reread_lengths(outcome: RunOutcome, found: Compared, requests: list[TraceRequest], traceable: list[str],
+                    high: str | None, keep_traces: bool, parallel: int, progress: Progress, k: float, decode,
+                    rope: str) -> dict:
+    """Trace each diverged case the full pass left unsettled again up to its divergent step, and read it
+    (harness.explain.length_passes); returns the passes' outcomes, by plan name."""
+    scenario, ref = outcome.scenario, outcome.scenario.spec.reference
+    wanted = prefix_requests(requests, found.localisations)
+    if not wanted:
+        return {}
+    totals = {r.case_id: len(r.token_ids) for r in requests}
+    passes = plan_passes(scenario, outcome.run_dir, list({r.case_id: r for r in wanted.values()}.values()),
+                         traceable, [], high, keep_traces)
+    try:
+        outcomes, _ = run_engines(passes.plans, parallel, progress)
+        traces = {(name, cid): result for name, o in outcomes.items() for cid, result in o.results.items()}
+        for index, loc in enumerate(found.localisations):
+            request = wanted.get(f"{loc.case_id}\n{loc.engine}")
+            ref_result = traces.get((ref, request.case_id)) if request else None
+            result = traces.get((loc.engine, request.case_id)) if request else None
+            if request is None or _trace(ref_result) is None or _trace(result) is None:
+                continue
+            floor = traces.get((passes.floor_name, request.case_id)) if passes.floor_name else None
+            floor_summary = summarize(pass_frame(floor, ref_result, floor=True)) if _trace(floor) else None
+            frame = pass_frame(result, ref_result)
+            points = first_out(against_floor(summarize(frame), floor_summary,
+                                             scenario.spec.engine_dtype(ref), k), frame)
+            prefix = localise(points, case_id=loc.case_id, engine=loc.engine, reference=ref, prompt_equal=True,
+                              divergence=None, nonfinite={}, param_note="", k=k, decode=decode,
+                              fused={ref: Trace(ref_result.path).fused, loc.engine: Trace(result.path).fused})
+            found.localisations[index] = reread(loc, prefix, len(request.token_ids), totals[loc.case_id], rope)
+    finally:
+        passes.remove_scratch()
+    return {f"{name}@prefix": o for name, o in outcomes.items()}
 
 
 def pass_frame(result: TraceResult, ref_result: TraceResult, floor: bool = False) -> pd.DataFrame:

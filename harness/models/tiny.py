@@ -23,6 +23,18 @@ from typing import Any
 SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
          "num_key_value_heads": 1, "max_position_embeddings": 1024}
 WINDOW = 16  # sliding windows shorter than the tests' prompt + generated tokens, so windowed attention acts
+ORIGINAL = 32  # the context scaled rope was "trained" for: a test's prompt and answer cross it
+THETA = 10000.0
+
+
+def _rope(kind: str, **extra: Any) -> dict[str, Any]:
+    """A Llama with scaled rope of this kind, in the config key transformers 5 writes (rope_parameters)."""
+    return {"head_dim": 32, "rope_parameters": {"rope_type": kind, "rope_theta": THETA, **extra}}
+
+
+# LongRoPE's per-frequency factors (head_dim 32: 16 of them), long ones growing with the wavelength
+SHORT_FACTORS = [1.0 + 0.05 * i for i in range(16)]
+LONG_FACTORS = [1.0 + 0.5 * i for i in range(16)]
 
 
 @dataclass(frozen=True)
@@ -34,6 +46,11 @@ class TinyFamily:
     config: dict[str, Any] = field(default_factory=dict)  # on top of SHAPE (or instead of it: own_shape)
     own_shape: bool = False  # the family names its sizes its own way (GPT-2)
     experts: int = 0  # routed experts per mixture-of-experts block (0: a dense family); 2 chosen per token
+
+    @property
+    def scaled_rope(self) -> str:
+        """The rope scaling a Llama variant ships ('' for a family of its own)."""
+        return str(self.config.get("rope_parameters", {}).get("rope_type", ""))
 
 
 FAMILIES: dict[str, TinyFamily] = {
@@ -57,6 +74,22 @@ FAMILIES: dict[str, TinyFamily] = {
     "glm4": TinyFamily("glm4", "Glm4Config", "Glm4ForCausalLM",
                        "ChatGLM's successor: partial rope, sandwich norms, fused gate/up, q/k/v biases",
                        {"head_dim": 32, "attention_bias": True}),
+    # scaled rope (a Llama each): the rope kinds users ship, with an original context of ORIGINAL tokens
+    "llama-rope-linear": TinyFamily("llama", "LlamaConfig", "LlamaForCausalLM", "rope positions divided by 4 (linear)",
+                                    _rope("linear", factor=4.0)),
+    "llama-rope-llama3": TinyFamily(
+        "llama", "LlamaConfig", "LlamaForCausalLM",
+        f"Llama 3 rope scaling: low frequencies / 8, a smooth band, high ones kept (original {ORIGINAL} tokens)",
+        _rope("llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+              original_max_position_embeddings=ORIGINAL)),
+    "llama-rope-yarn": TinyFamily("llama", "LlamaConfig", "LlamaForCausalLM",
+                                  f"YaRN rope scaling by 4 with its attention factor (original {ORIGINAL} tokens)",
+                                  _rope("yarn", factor=4.0, original_max_position_embeddings=ORIGINAL)),
+    "llama-rope-longrope": TinyFamily(
+        "llama", "LlamaConfig", "LlamaForCausalLM",
+        f"LongRoPE: per-frequency short factors up to {ORIGINAL} tokens, long ones past them",
+        _rope("longrope", factor=32.0, short_factor=SHORT_FACTORS, long_factor=LONG_FACTORS,
+              original_max_position_embeddings=ORIGINAL)),
     # mixture of experts: 4 experts of width 64, 2 chosen per token
     "mixtral": TinyFamily("mixtral", "MixtralConfig", "MixtralForCausalLM",
                           "mixture of experts: softmax over 4 experts, top 2, renormalised",

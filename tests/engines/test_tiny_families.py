@@ -38,8 +38,10 @@ EXTRA_ENGINES = {"gemma2": "  hf-sdpa: {engine: hf, options: {attn_implementatio
                  "mistral": "  llama.cpp: {engine: llama.cpp, expect: {tokens: any}}\n"}
 
 
-# the mixture-of-experts families: tests/engines/test_moe_families.py (their planted fault is an expert's)
-MAPPED = sorted(name for name, family in FAMILIES.items() if name != UNMAPPED_FAMILY and not family.experts)
+# the mixture-of-experts families: tests/engines/test_moe_families.py (their planted fault is an expert's); the
+# Llamas with scaled rope: tests/engines/test_rope_scaling.py
+MAPPED = sorted(name for name, family in FAMILIES.items()
+                if name != UNMAPPED_FAMILY and not family.experts and not family.scaled_rope)
 # phi3's vLLM engine also gets a drift verdict, measured at the logits; HF in bfloat16 differs from the float32
 # reference everywhere, which without a map can only be seen at the logits
 UNMAPPED_ENGINES = ("  vllm: {engine: vllm, drift: {max_mean_kld: 1.0e-6, min_top1_agreement: 1.0}}\n"

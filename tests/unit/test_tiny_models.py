@@ -37,6 +37,8 @@ def test_what_each_family_adds_is_switched_on(tokenizer) -> None:
     assert all(getattr(c, "head_dim", 32) == 32 for c in configs.values())
     assert not configs["glm4_moe"].tie_word_embeddings  # vLLM never ties GLM-4.5's head (vllm#22460)
     assert configs["qwen2_moe"].shared_expert_intermediate_size and not configs["qwen2_moe"].norm_topk_prob
+    for kind in ("linear", "llama3", "yarn", "longrope"):  # read back from the config transformers builds
+        assert configs[f"llama-rope-{kind}"].rope_parameters["rope_type"] == kind
 
 
 @pytest.mark.parametrize("family", sorted(name for name, family in FAMILIES.items() if family.experts))
