@@ -55,6 +55,10 @@ class Options(EngineOptions):
     # a CPU whose build uses AMX, where llama-cpp-python 0.3.36 crashes (SIGSEGV) evaluating a quantised model with
     # them (measured 2026-11-25 on SmolLM2 q8_0 and q4_k_m and Gemma 3 q4_k_m; f32 and f16 are not repacked)
     extra_buffers: Literal["auto", "on", "off"] = "auto"
+    # the context llama.cpp is asked to allocate (the run's and the traced context); unset: the run's longest
+    # sequence rounded up to 256, at least 512. llama.cpp itself pads it up to a multiple of 256 (versions record
+    # what it allocated), and chooses LongRoPE's long or short factors by it, not by a sequence's length
+    n_ctx: int | None = Field(None, ge=1)
 
     @field_validator("gguf")
     @classmethod
@@ -90,6 +94,36 @@ def user_gguf_bos(gguf: str) -> OwnBosRule | None:
     said = "unset" if add is None else str(bool(add)).lower()
     return OwnBosRule(add_bos=None if add is None else bool(add), bos_id=bos if isinstance(bos, int) else None,
                       source=f"{keys[0]} {said} in {os.path.basename(gguf)}")
+
+
+def context_size(setup: EngineSetup, n_ctx: int | None) -> int:
+    """The n_ctx llama.cpp is given (here and in llama.cpp-server): the option n_ctx, refused in one line when the
+    run's longest sequence (prompt + max_new_tokens, setup.max_context) would not fit; unset, that length rounded up
+    to a multiple of 256, at least 512."""
+    needed = setup.max_context or 0
+    if n_ctx is None:
+        return max(512, -(-(needed or 512) // 256) * 256)
+    if n_ctx < needed:
+        raise RuntimeError(f"n_ctx: {n_ctx} is below the {needed} tokens this run's longest sequence needs (prompt + "
+                           f"max_new_tokens): set n_ctx to at least {needed}, or leave it unset")
+    return n_ctx
+
+
+YARN_BETAS = ("yarn_beta_fast", "yarn_beta_slow")
+
+
+def yarn_betas(gguf: str) -> dict[str, float]:
+    """The YaRN correction betas a GGUF file sets (<arch>.rope.scaling.yarn_beta_fast / _slow, written from a
+    config's beta_fast / beta_slow), as llama_cpp.Llama arguments: llama-cpp-python 0.3.36 gives every context its
+    own (32 and 1) and this llama.cpp build does not read the file's (measured on a tiny YaRN Llama: beta_slow 4 in
+    the file changed no logit; passed to Llama, HF's logits within 3e-4). A file that cannot be read gives none."""
+    try:
+        arch = gguf_metadata(Path(gguf), ("general.architecture",)).get("general.architecture")
+        keys = {f"{arch}.rope.scaling.{name}": name for name in YARN_BETAS}
+        found = gguf_metadata(Path(gguf), tuple(keys))
+    except (OSError, ValueError, struct.error):
+        return {}
+    return {keys[key]: float(value) for key, value in found.items() if isinstance(value, (int, float))}
 
 
 def translate(params: SamplingParams, last_n_tokens: int = 64) -> Translation:
@@ -205,7 +239,7 @@ class Engine:
         self.llama_cpp = llama_cpp
         self.threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
         self.path = gguf_file(setup, self.options.gguf)
-        self.n_ctx = max(512, -(-(setup.max_context or 512) // 256) * 256)
+        self.n_ctx = context_size(setup, self.options.n_ctx)
         self.extra_buffers = extra_buffers(llama_cpp, self.options.extra_buffers)
         with model_params(llama_cpp, use_extra_bufts=self.extra_buffers):
             self.llm = llama_cpp.Llama(
@@ -213,7 +247,7 @@ class Engine:
                 n_threads=self.threads, n_threads_batch=self.threads, logits_all=True,
                 flash_attn=self.options.flash_attn,
                 type_k=GGML_TYPES[self.options.kv_cache], type_v=GGML_TYPES[self.options.kv_cache],
-                last_n_tokens_size=self.options.last_n_tokens, verbose=False,
+                last_n_tokens_size=self.options.last_n_tokens, verbose=False, **yarn_betas(self.path),
                 lora_path=str(adapter_gguf(setup.model_path, Path(setup.lora.path))) if setup.lora else None)
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self.workdir = setup.workdir
@@ -222,7 +256,8 @@ class Engine:
     def reuse(self, setup: EngineSetup) -> bool:
         """Another plan of this configuration on the model as loaded (its traces after its run), if its sequences
         fit the context."""
-        if max(512, -(-(setup.max_context or 512) // 256) * 256) > self.n_ctx:
+        needed = context_size(setup, None) if self.options.n_ctx is None else setup.max_context or 0
+        if needed > self.n_ctx:
             return False
         self.name, self.workdir = setup.name, setup.workdir
         return True
@@ -232,8 +267,16 @@ class Engine:
 
         return {"llama-cpp-python": installed_version("llama-cpp-python"), "gguf": os.path.basename(self.path),
                 "weights": self._file_type(), "tensor_types": describe(Path(self.path)),
-                "kv_cache": self.options.kv_cache,
+                "kv_cache": self.options.kv_cache, "n_ctx": self._context(),
                 "extra_buffers": "on" if self.extra_buffers else "off"}
+
+    def _context(self) -> str:
+        """The context llama.cpp allocated (it pads the n_ctx it is given), and per sequence (the length its
+        LongRoPE compares with the original context to choose the long or short factors)."""
+        ctx = self.llm.ctx
+        allocated, per_sequence = self.llama_cpp.llama_n_ctx(ctx), self.llama_cpp.llama_n_ctx_seq(ctx)
+        asked = f"{self.n_ctx} asked" + (" (n_ctx option)" if self.options.n_ctx is not None else "")
+        return f"{allocated} allocated, {per_sequence} per sequence, {asked}"
 
     def _file_type(self) -> str:
         """llama.cpp's own description of the loaded model (architecture, size, weight type)."""

@@ -9,7 +9,9 @@ vs a quantised variant compares quantisation only, every variant comes from the 
              weights stored as 1 + w); a mixture of experts' weights stacked per block and projection
              [n_expert, rows, cols] (stacked_experts); tensors renamed by gguf's own name map; the tokenizer from the
              GGUF a named model ships (checked to be the folder's tokenizer); f16 keeps 1-D tensors (norms) and
-             routers in f32, as llama.cpp's converter does
+             routers in f32, as llama.cpp's converter does; a scaled rope as llama.cpp's converter writes it (linear
+             and yarn as rope.scaling keys, llama3 as a rope_freqs tensor, LongRoPE as rope_factors_long/_short
+             tensors with its attention factor), a rope llama.cpp would compute differently refused in one line
   q8_0, q4_k_m  llama.cpp's own quantiser (llama_model_quantize) on the f32 file
   bundled    the GGUF file the named model was converted from (its `source_gguf`: SmolLM2's Q4_1, Gemma 3's Q4_K_M),
              as shipped
@@ -24,6 +26,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -31,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NoReturn, cast
 
 import numpy as np
 
@@ -53,23 +56,144 @@ def rope_layout(rows: np.ndarray, n_head: int) -> np.ndarray:
     return rows.reshape(n_head, 2, head_dim // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
 
 
-Hparams = dict[str, int | float | list[bool]]  # GGUFWriter setter name (add_<key>) -> value
+Hparams = dict[str, int | float | str | list[bool]]  # GGUFWriter setter name (add_<key>) -> value
 Transform = Callable[[np.ndarray, Hparams], np.ndarray]
+
+PLAIN_ROPES = frozenset({"default", "linear", "yarn"})  # rope scalings every llama.cpp graph applies (ggml_rope_ext)
+# the Llama graph also multiplies each frequency's wavelength by a per-layer factor tensor: llama3's rope_freqs, and
+# LongRoPE's rope_factors_long / rope_factors_short (loaded when the file's rope.scaling.type is longrope)
+LLAMA_ROPES = PLAIN_ROPES | {"llama3", "longrope"}
 
 
 @dataclass(frozen=True)
 class Architecture:
     """How llama.cpp's converter writes one HF model_type: the GGUF architecture (a gguf.MODEL_ARCH member, which
     also picks gguf's tensor-name map), the hyperparameters it writes (refusing a config whose math llama.cpp's graph
-    for that architecture would not reproduce), and the tensors it changes: (GGUF name suffix, transform)."""
+    for that architecture would not reproduce), the tensors it changes: (GGUF name suffix, transform), and the HF
+    rope types whose scaling llama.cpp's graph for that architecture reproduces (others are refused)."""
 
     gguf_arch: str
     hparams: Callable[[dict], Hparams]
     transforms: tuple[tuple[str, Transform], ...] = ()
+    ropes: frozenset[str] = PLAIN_ROPES
+
+
+def rope_parameters(config: dict) -> dict:
+    """The rope's parameters from config.json: `rope_parameters` (transformers 5; a per-layer-type dict's
+    full_attention entry) or the older `rope_scaling`, with its kind under `rope_type` (older files: `type`)."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope = dict(rope.get("full_attention", rope))
+    rope["rope_type"] = rope.get("rope_type") or rope.get("type") or "default"
+    return rope
+
+
+def original_context(config: dict, rope: dict) -> int:
+    """The context the scaled rope was trained for: original_max_position_embeddings in the rope's parameters
+    (transformers 5) or at the top of config.json (older files)."""
+    value = rope.get("original_max_position_embeddings") or config.get("original_max_position_embeddings")
+    if value is None:
+        _refuse(config, f"{rope['rope_type']} rope scaling without original_max_position_embeddings")
+    return int(value)
+
+
+def rope_factor(config: dict, rope: dict) -> float:
+    """The scaling factor as HF reads it: `factor`, else max_position_embeddings over the original context (how
+    transformers' yarn and longrope fill a missing factor)."""
+    if rope.get("factor") is not None:
+        return float(rope["factor"])
+    return config.get("max_position_embeddings", 2048) / original_context(config, rope)
+
+
+def rope_scaling(config: dict) -> Hparams:
+    """llama.cpp's rope scaling keys for the config's rope (none for default rope and for llama3, whose scaling is
+    the rope_freqs tensor rope_tensors writes): linear -> type and factor; yarn -> type, factor, original context
+    and the betas the config sets (as llama.cpp's converter writes them); longrope -> type,
+    original context (the length llama.cpp compares its context with to choose the long or short factors) and the
+    attention factor HF scales cos and sin by. Refuses what llama.cpp would compute differently."""
+    rope = rope_parameters(config)
+    kind = rope["rope_type"]
+    if kind == "linear":
+        return {"rope_scaling_type": "linear", "rope_scaling_factor": rope_factor(config, rope)}
+    if kind == "yarn":
+        return yarn_scaling(config, rope)
+    if kind == "longrope":
+        return {"rope_scaling_type": "longrope", "rope_scaling_orig_ctx_len": original_context(config, rope),
+                "rope_scaling_attn_factors": longrope_attention_factor(config, rope)}
+    _require(kind in LLAMA_ROPES, config, f"rope type '{kind}' has no llama.cpp equivalent (llama.cpp scales rope "
+             "as none, linear, yarn, longrope or by llama3's per-frequency factors)")
+    return {}
+
+
+YARN_KEYS = (("beta_fast", "rope_scaling_yarn_beta_fast"), ("beta_slow", "rope_scaling_yarn_beta_slow"))
+
+
+def yarn_scaling(config: dict, rope: dict) -> Hparams:
+    """YaRN's keys. llama.cpp computes YaRN's attention factor itself (0.1 ln(factor) + 1, transformers' default)
+    and ramps between its correction dimensions rounded outwards (transformers' truncate: true); a config that sets
+    its own attention factor, mscale or an untruncated ramp would be computed differently, so it is refused."""
+    _require(rope.get("truncate", True), config, "yarn with truncate: false (llama.cpp always rounds YaRN's "
+             "correction range outwards)")
+    own = [key for key in ("attention_factor", "mscale", "mscale_all_dim") if rope.get(key) is not None]
+    _require(not own, config, f"yarn with its own {', '.join(own)} (llama.cpp's llama graph computes the attention "
+             "factor from the scaling factor alone)")
+    out: Hparams = {"rope_scaling_type": "yarn", "rope_scaling_factor": rope_factor(config, rope),
+                    "rope_scaling_orig_ctx_len": original_context(config, rope)}
+    out.update({setter: float(rope[key]) for key, setter in YARN_KEYS if rope.get(key) is not None})
+    return out
+
+
+def longrope_attention_factor(config: dict, rope: dict) -> float:
+    """LongRoPE's attention factor as transformers computes it: the config's attention_factor, else
+    sqrt(1 + ln(factor) / ln(original context)) for a factor above 1."""
+    if rope.get("attention_factor") is not None:
+        return float(rope["attention_factor"])
+    factor = rope_factor(config, rope)
+    return math.sqrt(1 + math.log(factor) / math.log(original_context(config, rope))) if factor > 1 else 1.0
+
+
+def rope_tensors(config: dict) -> dict[str, np.ndarray]:
+    """The rope tensors llama.cpp's converter generates beside the checkpoint's (generate_extra_tensors), by GGUF
+    name: llama3 -> rope_freqs (each frequency's wavelength factor), longrope -> rope_factors_long and
+    rope_factors_short (the config's lists); none for other ropes."""
+    rope = rope_parameters(config)
+    half = rope_dimensions(config) // 2
+    if rope["rope_type"] == "llama3":
+        return {"rope_freqs.weight": llama3_factors(config, rope, half)}
+    if rope["rope_type"] != "longrope":
+        return {}
+    factors = {f"rope_factors_{kind}.weight": np.asarray(rope.get(f"{kind}_factor") or [], dtype=np.float32)
+               for kind in ("long", "short")}
+    sizes = sorted({len(f) for f in factors.values()})
+    _require(sizes == [half], config, f"longrope's long_factor and short_factor must have {half} entries (half the "
+             f"rotated dimensions), not {' and '.join(map(str, sizes))}")
+    return factors
+
+
+def llama3_factors(config: dict, rope: dict, half: int) -> np.ndarray:
+    """Llama 3's rope scaling as llama.cpp holds it: one factor per frequency that divides it (transformers'
+    _compute_llama3_parameters): high frequencies kept, low ones divided by `factor`, a smooth band between. The
+    original context is the rope parameters' (llama.cpp's converter reads it from the top of config.json, 8192 when
+    absent: transformers 5 writes it inside rope_parameters)."""
+    base = float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0)
+    factor, low, high = (float(rope.get(k, d)) for k, d in (("factor", 8.0), ("low_freq_factor", 1.0),
+                                                             ("high_freq_factor", 4.0)))
+    original = original_context(config, rope)
+    inv_freq = 1.0 / base ** (np.arange(0, 2 * half, 2, dtype=np.float32) / np.float32(2 * half))
+    wavelength = 2 * math.pi / inv_freq.astype(np.float64)
+    smooth = (original / wavelength - low) / (high - low)
+    band = 1 / ((1 - smooth) / factor + smooth)
+    factors = np.where(wavelength < original / high, 1.0, np.where(wavelength > original / low, factor, band))
+    return factors.astype(np.float32)
+
+
+def rope_dimensions(config: dict) -> int:
+    """The rotated width of a head (head_dim, else hidden_size / heads)."""
+    return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
 
 
 def hparams(config: dict) -> Hparams:
-    """llama.cpp's Llama hyperparameters from an HF config.json (rope_theta under rope_parameters in newer files)."""
+    """llama.cpp's Llama hyperparameters from an HF config.json (rope_theta under rope_parameters in newer files),
+    with the rope scaling keys of a scaled rope (rope_scaling)."""
     heads = config["num_attention_heads"]
     rope = config.get("rope_parameters") or {}
     return {
@@ -78,7 +202,7 @@ def hparams(config: dict) -> Hparams:
         "head_count": heads, "head_count_kv": config.get("num_key_value_heads") or heads,
         "rope_freq_base": float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0),
         "layer_norm_rms_eps": float(config.get("rms_norm_eps", 1e-6)), "vocab_size": config["vocab_size"],
-        "rope_dimension_count": config.get("head_dim") or config["hidden_size"] // heads,
+        "rope_dimension_count": rope_dimensions(config), **rope_scaling(config),
     }
 
 
@@ -145,14 +269,19 @@ def qwen3_moe_hparams(config: dict) -> Hparams:
 
 def _require(holds: bool, config: dict, why: str) -> None:
     if not holds:
-        raise RuntimeError(f"gguf: cannot write model type '{config.get('model_type')}': {why}; give the engine a "
-                           "GGUF file (option gguf: PATH)")
+        _refuse(config, why)
 
 
-def _count(value: int | float | list[bool]) -> int:
-    """A head count from the Hparams (a list there is sliding_window_pattern's)."""
-    if isinstance(value, list):
-        raise TypeError(f"a head count, not a list: {value!r}")
+def _refuse(config: dict, why: str) -> NoReturn:
+    """One line saying why the config's model cannot be written for llama.cpp."""
+    raise RuntimeError(f"gguf: cannot write model type '{config.get('model_type')}': {why}; give the engine a GGUF "
+                       "file (option gguf: PATH)")
+
+
+def _count(value: int | float | str | list[bool]) -> int:
+    """A head count from the Hparams (a list there is sliding_window_pattern's, a string rope_scaling_type's)."""
+    if isinstance(value, (list, str)):
+        raise TypeError(f"a head count, not {value!r}")
     return int(value)
 
 
@@ -173,28 +302,34 @@ ROUTER = "ffn_gate_inp.weight"  # a mixture of experts' router: kept in f32 by l
 LLAMA_ROPE = (("attn_q.weight", _rope_q), ("attn_k.weight", _rope_kv))
 
 WRITERS = {  # HF model_type -> how llama.cpp's converter writes it
-    "llama": Architecture("LLAMA", hparams, LLAMA_ROPE),
+    "llama": Architecture("LLAMA", hparams, LLAMA_ROPE, LLAMA_ROPES),
     # mistral: written as a Llama, as llama.cpp's converter does; llama.cpp's llama graph has no sliding window, so a
     # Mistral whose window is shorter than the sequence attends further than in HF (explain names it)
-    "mistral": Architecture("LLAMA", hparams, LLAMA_ROPE),
+    "mistral": Architecture("LLAMA", hparams, LLAMA_ROPE, LLAMA_ROPES),
     # qwen2: NEOX rope (no permutation), q/k/v biases (gguf's tensor map names them)
     "qwen2": Architecture("QWEN2", hparams),
     # gemma3: NEOX rope (llama.cpp rotates the two halves of a head, as HF does): no permutation
-    "gemma3_text": Architecture("GEMMA3", gemma3_hparams, (("norm.weight", _one_plus),)),
+    "gemma3_text": Architecture("GEMMA3", gemma3_hparams, (("norm.weight", _one_plus),), frozenset({"default"})),
     # mixtral: written as a Llama with stacked experts (ffn_{gate,up,down}_exps) and a router (ffn_gate_inp), as
     # llama.cpp's converter does
-    "mixtral": Architecture("LLAMA", moe_hparams, LLAMA_ROPE),
+    "mixtral": Architecture("LLAMA", moe_hparams, LLAMA_ROPE, LLAMA_ROPES),
     # qwen3_moe: NEOX rope (no permutation), per-head q/k norms, stacked experts of their own width
     "qwen3_moe": Architecture("QWEN3MOE", qwen3_moe_hparams),
 }
 
 
 def writer_for(config: dict) -> Architecture:
+    """How to write the config's model type, refusing a rope whose scaling that architecture's graph would not
+    apply (llama.cpp reads llama3's and LongRoPE's factor tensors in its llama graph only)."""
     model_type = config.get("model_type")
     if model_type not in WRITERS:
         raise RuntimeError(f"gguf: no GGUF writer for model type '{model_type}' (known: {', '.join(WRITERS)}): give "
                            "the engine a GGUF file (option gguf: PATH)")
-    return WRITERS[model_type]
+    arch = WRITERS[model_type]
+    kind = rope_parameters(config)["rope_type"]
+    _require(kind in arch.ropes or kind not in LLAMA_ROPES, config, f"{kind} rope scaling is not written for "
+             f"llama.cpp's {arch.gguf_arch.lower()} graph (it applies {', '.join(sorted(arch.ropes))} only)")
+    return arch
 
 
 EXPERT = re.compile(r"(?P<block>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+)\.weight")
@@ -397,7 +532,7 @@ def write_full_precision(model_path: Path, out: Path, variant: str) -> None:
     writer.add_name(Path(model_path).resolve().parent.name)
     writer.add_file_type(FULL_PRECISION[variant])
     for key, value in h.items():
-        getattr(writer, f"add_{key}")(value)
+        getattr(writer, f"add_{key}")(gguf.RopeScalingType(value) if key == "rope_scaling_type" else value)
     for key, field in _tokenizer_fields(Path(model_path), config["vocab_size"]):
         kind, *element = (gguf.GGUFValueType(t) for t in field.types)
         writer.add_key_value(key, field.value, kind, element[0] if element else None)
@@ -408,6 +543,8 @@ def write_full_precision(model_path: Path, out: Path, variant: str) -> None:
         if name is None:
             raise RuntimeError(f"gguf: no llama.cpp name for tensor {hf_name}")
         writer.add_tensor(name, np.ascontiguousarray(stored(weight, name, arch, h, variant)))
+    for name, factors in rope_tensors(config).items():  # 1-D: f32 in every variant, as llama.cpp's converter keeps
+        writer.add_tensor(name, factors)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -17,7 +17,7 @@ from pydantic import Field, field_validator
 from adapters.contract import Capabilities, EngineDescription, Requirement, SamplingCode
 from adapters.engines import llamacpp_gguf
 from adapters.engines.gguf_tensors import describe
-from adapters.engines.llamacpp import GGML_TYPES, extra_buffers, gguf_file, user_gguf_bos
+from adapters.engines.llamacpp import GGML_TYPES, context_size, extra_buffers, gguf_file, user_gguf_bos, yarn_betas
 from adapters.engines.llamacpp import Options as LibraryOptions
 from adapters.engines.llamacpp_lora import RULES as LORA_RULES
 from adapters.engines.llamacpp_lora import adapter_gguf
@@ -50,6 +50,7 @@ class Options(ServedOptions):
     kv_cache: Literal["f32", "f16"] = "f32"
     last_n_tokens: int = Field(64, ge=0)  # the penalties' window (--last_n_tokens_size)
     extra_buffers: Literal["auto", "on", "off"] = "auto"  # as for the llama.cpp engine (auto: off where AMX is used)
+    n_ctx: int | None = Field(None, ge=1)  # as for the llama.cpp engine (--n_ctx; unset: the run's, rounded up)
     startup_timeout: float = Field(300, gt=0)
 
     @field_validator("gguf")
@@ -71,14 +72,16 @@ def echo_positions(token_ids: list[int], bos: int | None) -> list[tuple[int, boo
 
 def command(setup: EngineSetup, port: int, options: Options, gguf: str, threads: int, buffers: bool) -> list[str]:
     """The server's command line: llama_cpp.server through adapters.engines.llamacpp_serve, which sets the extra
-    buffers (buffers: on or off) that llama_cpp.server has no setting for."""
-    n_ctx = max(512, -(-(setup.max_context or 512) // 256) * 256)
+    buffers (buffers: on or off) that llama_cpp.server has no setting for; its context is the n_ctx option's (or the
+    run's, rounded up) and a YaRN file's betas are passed as settings (the server would give llama.cpp its own)."""
+    n_ctx = context_size(setup, options.n_ctx)
     kv = str(GGML_TYPES[options.kv_cache])
+    betas = [arg for name, value in yarn_betas(gguf).items() for arg in (f"--{name}", str(value))]
     return [sys.executable, "-m", "adapters.engines.llamacpp_serve", "on" if buffers else "off",
             "--model", gguf, "--host", options.bind, "--port", str(port),
             "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx),
             "--n_batch", str(n_ctx), "--logits_all", "true", "--type_k", kv, "--type_v", kv,
-            "--last_n_tokens_size", str(options.last_n_tokens),
+            "--last_n_tokens_size", str(options.last_n_tokens), *betas,
             *(["--lora_path", str(adapter_gguf(setup.model_path, Path(setup.lora.path)))] if setup.lora else []),
             *options.extra_args]
 
@@ -133,6 +136,7 @@ class Engine(ServedEngine):
         import llama_cpp  # the server's own build: what it reports decides `auto`
 
         self.gguf = gguf_file(setup, self.options.gguf)
+        self.n_ctx = context_size(setup, self.options.n_ctx)  # refused here, before a server starts, if too small
         self.extra_buffers = extra_buffers(llama_cpp, self.options.extra_buffers)
         threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
         # a shell's settings for llama_cpp.server (PORT, HOST, SEED, an unrelated API_KEY...) must not change the
@@ -149,6 +153,7 @@ class Engine(ServedEngine):
             info["gguf"] = os.path.basename(self.gguf)
             info["tensor_types"] = describe(Path(self.gguf))
             info["extra_buffers"] = "on" if self.extra_buffers else "off"
+            info["n_ctx"] = f"{self.n_ctx} asked" + (" (n_ctx option)" if self.options.n_ctx is not None else "")
         return info
 
 
