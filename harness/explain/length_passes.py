@@ -54,6 +54,6 @@ def reread(full: Localisation, prefix: Localisation, tokens: int, total: int, ro
     verdict = (f"the difference depends on the sequence's length: traced over the {tokens} tokens the engines had "
                f"when they chose step {full.first_step}'s token, {said[0].lower()}{said[1:]} "
                f"Traced over all {total} tokens they agree ({full.cause}): the model's {rope} rope chooses its "
-               "factors by the sequence's length, and the engines choose them differently at this length")
+               "factors by the sequence's length, and the engines choose them differently at this length.")
     return full.model_copy(update={"cause": "length", "verdict": verdict, "out_of_floor": prefix.out_of_floor,
                                    "first_difference": prefix.first_difference, "curve": prefix.curve})
