@@ -1,8 +1,9 @@
-"""Scaled rope (issue 59, item 4) in HF and vLLM's CPU build, on the tiny Llamas whose rope the config's
-rope_parameters scales (original context 32 tokens, a 32-token prompt and 16 new tokens: past the switch). Linear,
-llama3 and yarn match token for token and explain keeps them inside the noise floor; LongRoPE parts at step 0, and
-explain, whose full teacher-forced pass agrees, traces the prefix the engines had and names rope as a difference that
-depends on the sequence's length (scenarios/rope-scaling.yaml). One `parity explain` of the four scenarios."""
+"""Scaled rope (issue 59, item 4) in HF and vLLM's CPU build (llama.cpp on the shipped LongRoPE scenario too), on the
+tiny Llamas whose rope the config's rope_parameters scales (original context 32 tokens, a 32-token prompt and 16 new
+tokens: past the switch). Linear, llama3 and yarn match token for token and explain keeps them inside the noise
+floor; LongRoPE parts at step 0, and explain, whose full teacher-forced pass agrees, traces the prefix the engines
+had and names rope as a difference that depends on the sequence's length (scenarios/rope-scaling.yaml). One `parity
+explain` of the four scenarios."""
 
 from __future__ import annotations
 
@@ -39,23 +40,24 @@ def runs(tmp_path_factory) -> dict[str, ParityRun]:
             for d in sorted((tmp / "out").iterdir())}
 
 
-def vllm_localisation(run: ParityRun) -> dict:
+def localisation(run: ParityRun, engine: str = "vllm") -> dict:
     found = json.loads((run.run_dir / "explain" / "localisation.json").read_text())["localisations"]
-    return next(loc for loc in found if loc["engine"] == "vllm")
+    return next(loc for loc in found if loc["engine"] == engine)
 
 
 @pytest.mark.parametrize("kind", MATCHING)
 def test_hf_and_vllm_agree_past_the_switch(runs: dict[str, ParityRun], kind: str) -> None:
     assert runs[kind].verdicts.set_index("engine").loc["vllm"].verdict == "match"
-    located = vllm_localisation(runs[kind])
+    located = localisation(runs[kind])
     assert located["cause"] == "none", located["verdict"]
 
 
-def test_longrope_parts_and_explain_says_it_depends_on_the_length(runs: dict[str, ParityRun]) -> None:
+@pytest.mark.parametrize("engine", ["vllm", "llama.cpp"])
+def test_longrope_parts_and_explain_says_it_depends_on_the_length(runs: dict[str, ParityRun], engine: str) -> None:
     run = runs["scaling"]
-    verdict = run.verdicts.set_index("engine").loc["vllm"]
+    verdict = run.verdicts.set_index("engine").loc[engine]
     assert verdict.verdict == "diverged" and verdict.first_divergence == 0, verdict.explanation
-    located = vllm_localisation(run)
+    located = localisation(run, engine)
     assert located["cause"] == "length", located["verdict"]
     assert located["out_of_floor"]["point"] in ("layers.0.q_rope", "layers.0.k_rope"), located["verdict"]
     assert "traced over the 32 tokens the engines had" in located["verdict"]
