@@ -21,7 +21,8 @@ def with_adapter(model: Any, lora: LoraSetup | None, dtype: str) -> Any:
     except ImportError as exc:
         raise RuntimeError("hf applies LoRA adapters with PEFT, which is not installed: pip install "
                            "'llm-parity[lora]'") from exc
-    adapted = PeftModel.from_pretrained(model, lora.path, adapter_name=lora.name).base_model.model
+    adapted = PeftModel.from_pretrained(model, lora.path).base_model.model  # PEFT's own name ("default"): a served
+    # name may hold dots, which a torch module key may not
     if dtype == "float64":  # PEFT keeps adapter weights in float32; the noise floor computes everything in float64
         adapted.to(model.dtype)
     return adapted.eval()

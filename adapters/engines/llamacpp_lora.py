@@ -15,6 +15,7 @@ import numpy as np
 
 from adapters.contract import LoraRules
 from adapters.engines.llamacpp_gguf import atomic_write, cache_dir, gguf_name, locked, writer_for
+from harness.models.lora import fingerprint
 
 RULES = LoraRules(source="llama.cpp's LoRA adapters (a GGUF adapter written here from the PEFT folder)",
                   modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
@@ -22,7 +23,7 @@ RULES = LoraRules(source="llama.cpp's LoRA adapters (a GGUF adapter written here
 
 def adapter_gguf(model_path: Path, adapter: Path) -> Path:
     """The adapter's GGUF for this model (built once)."""
-    digest = hashlib.sha1(f"{adapter.resolve()}".encode()).hexdigest()[:10]
+    digest = hashlib.sha1(fingerprint(adapter).encode()).hexdigest()[:10]
     path = cache_dir(model_path) / f"lora-{adapter.name}-{digest}.gguf"
     with locked(path.parent):
         if not path.exists():

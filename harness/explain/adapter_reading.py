@@ -2,15 +2,18 @@
 scale * B A its engine holds: adapters.tracing.lora_weights) and what a difference means: a module one engine does
 not adapt, the same update at another scale in every module (alpha / sqrt(r), rsLoRA, where the adapter says
 alpha / r, or the reverse), another layer's update at each layer (an adapter applied at the wrong layer index), or
-other weights. The norms are the engines' own: equal weights give equal norms to the last digits, so RTOL is tight."""
+other weights. The norms are the engines' own: equal weights give equal norms to the last digits, so the tolerance
+is tight (looser where an engine holds the adapter in half precision)."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
-RTOL = 1e-4  # norms of one update held by two engines (float32 weights, float64 norms) agree well inside this
+RTOL = {"float32": 1e-4, "float64": 1e-4}  # norms of one update held in float32 by two engines agree well inside
+HALF_RTOL = 1e-2  # in bfloat16 or float16 (vLLM holds an adapter in the model's dtype, PEFT in float32)
 
 
 def norms(metadata: dict[str, str]) -> dict[tuple[int, str], float] | None:
@@ -21,13 +24,19 @@ def norms(metadata: dict[str, str]) -> dict[tuple[int, str], float] | None:
             for key, value in json.loads(metadata["lora_norms"]).items()}
 
 
-def _close(a: float, b: float) -> bool:
-    return abs(a - b) <= RTOL * max(abs(a), abs(b))
+def tolerance(*dtypes: str) -> float:
+    """How close two engines' norms of one update come, held in these dtypes."""
+    return max(RTOL.get(dtype, HALF_RTOL) for dtype in dtypes)
 
 
 def compare(reference: dict[tuple[int, str], float], other: dict[tuple[int, str], float], rank: int,
-            engine: str) -> dict[str, Any]:
-    """The reading: kind (same | unadapted | extra | scale | layer_shift | weights) and a sentence."""
+            engine: str, rtol: float = RTOL["float32"]) -> dict[str, Any]:
+    """The reading: kind (same | unadapted | extra | scale | layer_shift | weights) and a sentence. rtol: how close
+    equal updates' norms come (tolerance())."""
+
+    def close(a: float, b: float) -> bool:
+        return abs(a - b) <= rtol * max(abs(a), abs(b))
+
     missing = sorted(k for k, v in reference.items() if v > 0 and other.get(k, 0.0) == 0.0)
     if missing:
         modules = sorted({m for _, m in missing})
@@ -40,32 +49,33 @@ def compare(reference: dict[tuple[int, str], float], other: dict[tuple[int, str]
         return {"kind": "extra", "sentence": f"{engine} adapts {', '.join(sorted({m for _, m in extra}))}, which "
                                              "the reference does not"}
     shared = sorted(reference)
-    if all(_close(reference[k], other[k]) for k in shared):
+    if all(close(reference[k], other.get(k, 0.0)) for k in shared):
         return {"kind": "same", "sentence": f"the LoRA updates agree in all {len(shared)} adapted modules"}
-    ratios = [other[k] / reference[k] for k in shared if reference[k] > 0]
-    if ratios and all(_close(r, ratios[0]) for r in ratios):
-        return {"kind": "scale", "ratio": ratios[0], "sentence": _scale_sentence(ratios[0], rank, engine)}
-    shift = _layer_shift(reference, other)
+    ratios = [other.get(k, 0.0) / reference[k] for k in shared if reference[k] > 0]
+    if ratios and all(close(r, ratios[0]) for r in ratios):
+        return {"kind": "scale", "ratio": ratios[0], "sentence": _scale_sentence(ratios[0], rank, engine, close)}
+    shift = _layer_shift(reference, other, close)
     if shift is not None:
         return {"kind": "layer_shift", "offset": shift,
                 "sentence": f"{engine} applies at each layer the update the reference applies {abs(shift)} layer"
                             f"{'s' if abs(shift) > 1 else ''} {'later' if shift > 0 else 'earlier'} (layer i holds "
                             f"layer i{shift:+d}'s): the adapter applied at the wrong layer index"}
-    first = next(k for k in shared if not _close(reference[k], other[k]))
+    first = next(k for k in shared if not close(reference[k], other.get(k, 0.0)))
     return {"kind": "weights", "sentence": f"{engine}'s LoRA update differs first at layer {first[0]} {first[1]} "
-                                           f"(norm {other[first]:.4g} against {reference[first]:.4g})"}
+                                           f"(norm {other.get(first, 0.0):.4g} against {reference[first]:.4g})"}
 
 
-def _scale_sentence(ratio: float, rank: int, engine: str) -> str:
+def _scale_sentence(ratio: float, rank: int, engine: str, close: Callable[[float, float], bool]) -> str:
     said = f"{engine} applies the adapter at {ratio:.4g}x the reference's scale in every adapted module"
-    if rank > 1 and _close(ratio, math.sqrt(rank)):
+    if rank > 1 and close(ratio, math.sqrt(rank)):
         return f"{said}: alpha / sqrt(r) (rsLoRA) where the adapter says alpha / r (r = {rank})"
-    if rank > 1 and _close(ratio, 1 / math.sqrt(rank)):
+    if rank > 1 and close(ratio, 1 / math.sqrt(rank)):
         return f"{said}: alpha / r where the adapter says alpha / sqrt(r) (rsLoRA, r = {rank})"
     return said
 
 
-def _layer_shift(reference: dict[tuple[int, str], float], other: dict[tuple[int, str], float]) -> int | None:
+def _layer_shift(reference: dict[tuple[int, str], float], other: dict[tuple[int, str], float],
+                 close: Callable[[float, float], bool]) -> int | None:
     """The one offset d with other[(i, m)] == reference[(i + d, m)] wherever both exist (wrapping around the
     layers), or None."""
     layers = sorted({layer for layer, _ in reference})
@@ -73,7 +83,7 @@ def _layer_shift(reference: dict[tuple[int, str], float], other: dict[tuple[int,
     for d in range(1, count):
         pairs = [(other[(i, m)], reference.get((layers[(layers.index(i) + d) % count], m)))
                  for i, m in other if i in layers]
-        if pairs and all(r is not None and _close(o, r) for o, r in pairs):
+        if pairs and all(r is not None and close(o, r) for o, r in pairs):
             return d if d <= count // 2 else d - count
     return None
 

@@ -17,7 +17,7 @@ from harness.core.types import TraceRequest
 from harness.explain.localise import Localisation
 
 LENGTH_DEPENDENT = ("longrope", "dynamic")  # rope types whose factors depend on the sequence's length
-SETTLED = ("component", "prompt", "hazard", "logits")  # readings a shorter pass would not change
+REREAD = ("near_tie", "none", "sampler", "ending")  # full-pass readings with nothing out of the floor
 
 
 def length_dependent_rope(model_path: Path) -> str | None:
@@ -34,7 +34,7 @@ def prefix_requests(requests: list[TraceRequest], localisations: list[Localisati
     by_case = {r.case_id: r for r in requests}
     found: dict[str, TraceRequest] = {}
     for loc in localisations:
-        if loc.first_step is None or loc.cause in SETTLED or loc.case_id not in by_case:
+        if loc.first_step is None or loc.cause not in REREAD or loc.case_id not in by_case:
             continue
         request = by_case[loc.case_id]
         end = request.prompt_len + loc.first_step
@@ -53,7 +53,8 @@ def reread(full: Localisation, prefix: Localisation, tokens: int, total: int, ro
     said = prefix.verdict.removesuffix(" The generated tokens agree.")  # said of a pass with no tokens to compare
     verdict = (f"the difference depends on the sequence's length: traced over the {tokens} tokens the engines had "
                f"when they chose step {full.first_step}'s token, {said[0].lower()}{said[1:]} "
-               f"Traced over all {total} tokens they agree ({full.cause}): the model's {rope} rope chooses its "
-               "factors by the sequence's length, and the engines choose them differently at this length.")
+               f"Traced over all {total} tokens every point stays within the floor ({full.cause}): the model's {rope} "
+               "rope chooses its factors by the sequence's length, and the engines choose them differently at this "
+               "length.")
     return full.model_copy(update={"cause": "length", "verdict": verdict, "out_of_floor": prefix.out_of_floor,
                                    "first_difference": prefix.first_difference, "curve": prefix.curve})

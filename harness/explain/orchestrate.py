@@ -24,6 +24,7 @@ from harness.core.types import Result, TraceRequest, TraceResult
 from harness.executors.engine_runs import Progress, run_engines
 from harness.explain.adapter_reading import compare as compare_updates
 from harness.explain.adapter_reading import norms as adapter_norms
+from harness.explain.adapter_reading import tolerance as update_tolerance
 from harness.explain.kept_rows import keep_rows
 from harness.explain.length_passes import length_dependent_rope, prefix_requests, reread
 from harness.explain.localise import Divergence, Localisation, localise
@@ -222,6 +223,8 @@ def _reread_lengths(outcome: RunOutcome, found: Compared, requests: list[TraceRe
             frame = pass_frame(result, ref_result)
             points = first_out(against_floor(summarize(frame), floor_summary,
                                              scenario.spec.engine_dtype(ref), k), frame)
+            found.per_position.append(frame.assign(case_id=request.case_id, engine=loc.engine, compared_to=ref))
+            found.per_point.append(points.assign(case_id=request.case_id, engine=loc.engine))
             prefix = localise(points, case_id=loc.case_id, engine=loc.engine, reference=ref, prompt_equal=True,
                               divergence=None, nonfinite={}, param_note="", k=k, decode=decode,
                               fused={ref: Trace(ref_result.path).fused, loc.engine: Trace(result.path).fused})
@@ -364,7 +367,8 @@ def adapter_difference(ref_trace: Trace, trace: Trace, name: str) -> dict | None
     ref_norms, norms = adapter_norms(ref_trace.metadata), adapter_norms(trace.metadata)
     if ref_norms is None or norms is None:
         return None
-    return compare_updates(ref_norms, norms, int(trace.metadata.get("lora_rank", "0")), name)
+    dtypes = (ref_trace.metadata.get("dtype", "float32"), trace.metadata.get("dtype", "float32"))
+    return compare_updates(ref_norms, norms, int(trace.metadata.get("lora_rank", "0")), name, update_tolerance(*dtypes))
 
 
 def _ending(results: pd.DataFrame, ref: str, name: str, case_id: str, verdict: pd.Series) -> str:

@@ -24,14 +24,16 @@ from harness.core.points import layer_point
 from harness.rundir.traces import Trace
 
 TIE_BAND = 2.0  # a margin within this many times the router logits' largest difference can be reordered by it
-GRID_MARK = {"same": ".", "weighting": "w", "near_tie_flip": "~", "router": "r", "routing_rule": "x"}
+GRID_MARK = {"same": ".", "weighting": "w", "near_tie_flip": "~", "router": "r", "routing_rule": "x", "flip": "?"}
 GRID_LEGEND = ". same experts and weights; w weights differ; ~ a near-tie flip; r router logits differ; x a flip " \
-              "without a tie"
+              "without a tie; ? a flip whose margin was not captured"
+SEVERITY = {"router": 0, "routing_rule": 0, "flip": 1, "near_tie_flip": 2, "weighting": 3}  # the reading's choice
 KIND_WORDS = {"near_tie_flip": "a routing flip at a near-tie (benign)",
               "router": "a routing flip that follows router logits already apart",
               "routing_rule": "a routing flip without a tie (the routing rule or scoring differs)",
               "weighting": "the same experts with different weights (a weighting or renormalisation difference)",
-              "expert_kernel": "the same experts and weights with a different output (an expert kernel)"}
+              "expert_kernel": "the same experts and weights with a different output (an expert kernel)",
+              "flip": "a routing flip whose margin cannot be read (the router logits were not captured)"}
 
 
 @dataclass
@@ -102,7 +104,8 @@ def classify(compared: pd.DataFrame, errors: pd.DataFrame, points: pd.DataFrame,
     margin = np.fmin(np.abs(out["ref_margin"].to_numpy()), np.abs(out["engine_margin"].to_numpy()))
     apart = np.nan_to_num(rel, nan=0.0) > np.nan_to_num(threshold, nan=np.inf)
     tie = margin <= TIE_BAND * np.nan_to_num(diff, nan=0.0)
-    flip_kind = np.where(apart, "router", np.where(tie, "near_tie_flip", "routing_rule"))
+    unread = np.isnan(margin) & ~apart  # no router logits captured: no margin to judge the flip by
+    flip_kind = np.where(apart, "router", np.where(unread, "flip", np.where(tie, "near_tie_flip", "routing_rule")))
     weighted = out["weight_diff"].to_numpy() > k * np.maximum(floor, np.finfo(np.float32).eps)
     out["kind"] = np.where(~out["same"].to_numpy(), flip_kind, np.where(weighted, "weighting", "same"))
     out["router_diff"] = np.abs(diff)  # max_abs of an all-zero difference is -0.0
@@ -116,8 +119,10 @@ def grid(classified: pd.DataFrame) -> list[str]:
 
 
 def reading(classified: pd.DataFrame, layer: int | None = None) -> dict[str, Any] | None:
-    """The first routing difference (in `layer` when given, else in the first layer with one): its kind, where,
-    both engines' experts and margins, and how much of the routing agrees."""
+    """The routing difference to report (in `layer` when given, else in the first layer with one): the layer's most
+    serious kind, a flip not at a tie before a near-tie flip before a weighting difference (so a layer reads as
+    benign only when every flip in it is a near-tie), at its first position; both engines' experts and margins there,
+    and how much of the routing agrees."""
     if classified.empty:
         return None
     rows = classified if layer is None else classified[classified["layer"] == layer]
@@ -127,8 +132,9 @@ def reading(classified: pd.DataFrame, layer: int | None = None) -> dict[str, Any
              "near_tie_flips": int((classified["kind"] == "near_tie_flip").sum())}
     if differs.empty:
         return {"kind": "same", **total}
-    flips = differs[~differs["same"]]
-    first = (flips if len(flips) else differs).sort_values(["layer", "position"]).iloc[0]
+    first_layer = differs[differs["layer"] == differs["layer"].min()]
+    first = first_layer.assign(severity=first_layer["kind"].map(SEVERITY)).sort_values(
+        ["severity", "position"]).iloc[0]
     return {"kind": first["kind"], "layer": int(first["layer"]), "position": int(first["position"]),
             "ref_experts": first["ref_experts"], "engine_experts": first["engine_experts"],
             "ref_margin": float(first["ref_margin"]), "engine_margin": float(first["engine_margin"]),
@@ -145,7 +151,7 @@ def sentence(found: dict[str, Any], engine: str) -> str:
     """A routing reading in words."""
     if found["kind"] == "same":
         return (f"the chosen experts agree at all {found['positions']} (layer, position) pairs, their weights within "
-                "the router's floor")
+                "the threshold (k x the router's floor)")
     where = f"layer {found['layer']} position {found['position']}"
     if found["kind"] == "weighting":
         return (f"{KIND_WORDS['weighting']}: first at {where}, experts {{{found['ref_experts']}}} in both, weights "

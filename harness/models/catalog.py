@@ -294,7 +294,7 @@ def model_problem(model: str) -> str | None:
 
     parts = merged.split(model)
     if parts:
-        return model_problem(parts[0]) or lora.problem(parts[1])
+        return model_problem(parts[0]) or lora.problem(parts[1]) or adapter_fit_problem(*parts)
     why = None if model in MODELS else folder_problem(model)
     return why and (f"'{shown(model)}' {why}: use a named model ({', '.join(MODELS)}) or the path of an HF "
                     "model folder with config.json")
@@ -328,13 +328,29 @@ def adapter_folder(value: str) -> Path:
                       lambda: (target / lora.CONFIG).exists())
 
 
+def adapter_fit_problem(model: str, value: str) -> str | None:
+    """Why adapter `value` (lora.problem() accepted it) does not fit `model`: a named adapter of another base, or
+    shapes the base's weights do not have, where they are on disk without preparing anything; else None."""
+    from harness.core.user_paths import expanded
+
+    if value in lora.ADAPTERS:
+        base = lora.ADAPTERS[value].base
+        return None if base == model else f"{value} is an adapter of {base}, not of {model}"
+    folder = MODELS[model].folder("float32") if model in MODELS else expanded(Path(model))
+    weights = folder / "model.safetensors"
+    return lora.shape_problem(value, lora.read(adapter_folder(value)), weights, model) if weights.exists() else None
+
+
 def merged_folder(model: str, dtype: str) -> Path:
     """A merged model's (`<model>+<adapter>`, harness.models.merged) folder in this dtype, built on first use."""
     import hashlib
 
     base, adapter = merged.split(model) or ("", "")
     base_folder, adapter_path = resolve(base, "float32"), adapter_folder(adapter)
-    digest = hashlib.sha256(f"{base_folder}\n{adapter_path}".encode()).hexdigest()[:12]
+    problem = adapter_fit_problem(base, adapter)  # the base is on disk now
+    if problem:
+        raise ConfigError(f"model {model}: {problem}")
+    digest = hashlib.sha256(f"{base_folder}\n{lora.fingerprint(adapter_path)}".encode()).hexdigest()[:12]
     target = models_root() / "merged" / f"{Path(base).name}+{Path(adapter).name}-{digest}"
     built_once(target, lambda out: merged.merge(base_folder, adapter_path, out),
                f"{base} with {adapter} merged into its weights",

@@ -19,6 +19,8 @@ from typing import Any
 CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 UPDATE_NORM = 0.1  # ||scale * B A|| / ||W|| of every adapted module of a named adapter
+# adapter_config.json settings beyond plain LoRA, which the merge and the GGUF writer do not reproduce
+UNSUPPORTED = ("use_dora", "rank_pattern", "alpha_pattern", "modules_to_save", "fan_in_fan_out", "bias")
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,33 @@ def folder_problem(path: Path) -> str | None:
         return f"{path / CONFIG}: peft_type is {config.get('peft_type')!r}; only LORA adapters are compared"
     if not isinstance(config.get("r"), int) or config["r"] < 1:
         return f"{path / CONFIG}: r (the rank) is {config.get('r')!r}; it must be a positive integer"
+    unsupported = [key for key in UNSUPPORTED if config.get(key) not in (None, False, {}, [], "none")]
+    if unsupported:
+        return (f"{path / CONFIG}: {', '.join(unsupported)} set; only plain LoRA (one rank and alpha, linear "
+                "modules, no bias or extra trained modules) is compared")
+    try:
+        tensor_names(path / WEIGHTS)
+    except Exception as exc:  # safetensors raises its own error types for a file that is not safetensors
+        return f"{path / WEIGHTS} is not a readable safetensors file ({type(exc).__name__}: {exc})"
+    return None
+
+
+def shape_problem(label: str, info: AdapterInfo, weights: Path, model: str) -> str | None:
+    """The adapter's A and B shapes against the base weights they adapt (weights: the base's model.safetensors),
+    or None when they fit."""
+    from safetensors import safe_open
+
+    said = f" (its adapter_config.json names {info.base} as its base)" if info.base else ""
+    keys = set(tensor_names(weights))
+    with safe_open(str(weights), "np") as base:
+        for module, (a, b) in pairs(info.path).items():
+            key = f"{module}.weight"
+            if key not in keys:
+                return f"{label} adapts {module}, which {model} does not have: an adapter of another model{said}"
+            out_features, in_features = base.get_slice(key).get_shape()
+            if a.shape[1] != in_features or b.shape[0] != out_features:
+                return (f"{label} adapts {module} as a [{b.shape[0]}, {a.shape[1]}] weight, {model} has it "
+                        f"[{out_features}, {in_features}]: an adapter of another model{said}")
     return None
 
 
@@ -148,6 +177,13 @@ def problem(value: str) -> str | None:
 
     why = folder_problem(expanded(Path(value)))
     return why and f"{why}; or use a named adapter ({', '.join(ADAPTERS)})"
+
+
+def fingerprint(folder: Path) -> str:
+    """What a cache built from an adapter folder is keyed by: its path and its weights file's size and time, so an
+    adapter retrained in place is not served from a stale merge or GGUF."""
+    stat = (folder / WEIGHTS).stat()
+    return f"{folder.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
 def served_name(value: str) -> str:

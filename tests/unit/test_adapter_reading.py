@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 
-from harness.explain.adapter_reading import compare, norms
+from harness.explain.adapter_reading import compare, norms, tolerance
 
 REFERENCE = {(0, "q_proj"): 1.0, (0, "v_proj"): 2.0, (1, "q_proj"): 3.0, (1, "v_proj"): 4.0, (2, "q_proj"): 5.0,
              (2, "v_proj"): 6.0}
@@ -49,3 +49,10 @@ def test_unrelated_weights_are_named_where_they_first_differ() -> None:
     other = {**REFERENCE, (1, "v_proj"): 4.5}
     found = compare(REFERENCE, other, 8, "x")
     assert found["kind"] == "weights" and "layer 1 v_proj" in found["sentence"]
+
+
+def test_half_precision_updates_agree_within_its_tolerance_and_a_zero_update_needs_no_entry() -> None:
+    rounded = {k: v * (1 + 3e-3) for k, v in REFERENCE.items()}
+    assert compare(REFERENCE, rounded, 8, "x")["kind"] == "scale"  # float32: 3e-3 apart is a scale
+    assert compare(REFERENCE, rounded, 8, "x", tolerance("float32", "bfloat16"))["kind"] == "same"
+    assert compare({**REFERENCE, (0, "o_proj"): 0.0}, REFERENCE, 8, "x")["kind"] == "same"

@@ -120,3 +120,24 @@ def test_merged_model_names_split_and_merge_in_float64(tmp_path: Path) -> None:
     down = load_file(str(tmp_path / "out" / "float32" / "model.safetensors"))["model.layers.0.mlp.down_proj.weight"]
     assert np.allclose(down, 2.0 * 4)  # scale (alpha / r = 2) x B A (ones: rank 4)
     assert json.loads((tmp_path / "out" / "bfloat16" / "config.json").read_text()).get("dtype") == "bfloat16"
+
+
+def test_a_merged_model_of_an_adapter_and_another_base_is_refused(tmp_path: Path) -> None:
+    assert catalog.model_problem("tiny-llama+lora-smollm2") == "lora-smollm2 is an adapter of smollm2-135m, not of " \
+                                                              "tiny-llama"
+    other = adapter(tmp_path / "other", modules={Q: (2 * HIDDEN, 2 * HIDDEN)})
+    problem = catalog.model_problem(f"{base_model(tmp_path / 'base')}+{other}")
+    assert problem and "an adapter of another model" in problem
+
+
+@pytest.mark.parametrize("config, words", [({"use_dora": True}, "use_dora set"),
+                                           ({"modules_to_save": ["lm_head"]}, "modules_to_save set")])
+def test_what_goes_beyond_plain_lora_is_refused(tmp_path: Path, config: dict, words: str) -> None:
+    folder = adapter(tmp_path / "a", **config)
+    assert words in lora.folder_problem(folder)
+
+
+def test_weights_that_are_not_safetensors_are_named(tmp_path: Path) -> None:
+    folder = adapter(tmp_path / "a")
+    (folder / lora.WEIGHTS).write_bytes(b"not a safetensors file")
+    assert "is not a readable safetensors file" in lora.folder_problem(folder)

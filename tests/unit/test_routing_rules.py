@@ -68,3 +68,19 @@ def test_the_same_experts_with_weights_apart_beyond_the_router_floor_is_weightin
     first = routing.reading(found)
     assert (first["kind"], first["position"]) == ("weighting", 3)
     assert routing.grid(found) == ["layer 0: ...w"]
+
+
+def test_a_layer_reads_as_benign_only_when_every_flip_in_it_is_a_near_tie() -> None:
+    other = table([[0, 1], [2, 1], [1, 3], [1, 3]], [[0.7, 0.3], [0.6, 0.4], [0.5, 0.5], [0.9, 0.1]],
+                  [1.0, 0.002, -2.0, 3.0])
+    found = classified(other, [0.0, 0.001, 0.0, 0.0], [0.0, 1e-6, 0.0, 0.0])
+    assert list(found["kind"]) == ["same", "near_tie_flip", "routing_rule", "same"]
+    first = routing.reading(found, layer=0)
+    assert (first["kind"], first["position"]) == ("routing_rule", 2)  # not the near-tie flip before it
+
+
+def test_a_flip_without_captured_router_logits_is_not_judged() -> None:
+    reference = table([[0, 1]], [[0.7, 0.3]], [float("nan")])
+    other = table([[0, 2]], [[0.7, 0.3]], [float("nan")])
+    found = routing.classify(routing.compare_routes(reference, other), errors([0.0], [0.0]), POINTS, k=10)
+    assert list(found["kind"]) == ["flip"] and routing.grid(found) == ["layer 0: ?"]
