@@ -50,7 +50,6 @@ class AdapterInfo:
     alpha: float
     rslora: bool
     targets: tuple[str, ...]  # module names adapted (q_proj, ...), as the weights have them
-    layers: tuple[int, ...]  # decoder layers with an adapted module
     base: str  # base_model_name_or_path ('' if not given)
 
     @property
@@ -106,15 +105,9 @@ def shape_problem(label: str, info: AdapterInfo, weights: Path, model: str) -> s
 def read(path: Path) -> AdapterInfo:
     """An adapter folder folder_problem() accepted."""
     config = json.loads((path / CONFIG).read_text())
-    targets, layers = set(), set()
-    for key in tensor_names(path / WEIGHTS):
-        parts = key.split(".")
-        if "lora_A" in parts:
-            targets.add(parts[parts.index("lora_A") - 1])
-            if "layers" in parts:
-                layers.add(int(parts[parts.index("layers") + 1]))
+    targets = {key.split(".lora_A.")[0].rsplit(".", 1)[-1] for key in tensor_names(path / WEIGHTS) if ".lora_A." in key}
     return AdapterInfo(path, int(config["r"]), float(config.get("lora_alpha", config["r"])),
-                       bool(config.get("use_rslora", False)), tuple(sorted(targets)), tuple(sorted(layers)),
+                       bool(config.get("use_rslora", False)), tuple(sorted(targets)),
                        str(config.get("base_model_name_or_path") or ""))
 
 

@@ -70,7 +70,7 @@ def test_a_fitting_adapter_passes_and_names_its_scale(tmp_path: Path) -> None:
     folder = adapter(tmp_path / "ok")
     load(scenario(tmp_path, model, "vllm", str(folder)))
     info = lora.read(folder)
-    assert (info.rank, info.scale, info.targets, info.layers) == (4, 2.0, ("q_proj",), (0,))
+    assert (info.rank, info.scale, info.targets) == (4, 2.0, ("q_proj",))
 
 
 def test_a_missing_folder_is_named_with_the_fix(tmp_path: Path) -> None:
