@@ -37,6 +37,15 @@ def compare(reference: dict[tuple[int, str], float], other: dict[tuple[int, str]
     def close(a: float, b: float) -> bool:
         return abs(a - b) <= rtol * max(abs(a), abs(b))
 
+    shared = sorted(reference)
+    if all(close(reference[k], other.get(k, 0.0)) for k in shared):
+        return {"kind": "same", "sentence": f"the LoRA updates agree in all {len(shared)} adapted modules"}
+    shift = _layer_shift(reference, other, close)
+    if shift is not None:
+        return {"kind": "layer_shift", "offset": shift,
+                "sentence": f"{engine} applies at each layer the update the reference applies {abs(shift)} layer"
+                            f"{'s' if abs(shift) > 1 else ''} {'later' if shift > 0 else 'earlier'} (layer i holds "
+                            f"layer i{shift:+d}'s): the adapter applied at the wrong layer index"}
     missing = sorted(k for k, v in reference.items() if v > 0 and other.get(k, 0.0) == 0.0)
     if missing:
         modules = sorted({m for _, m in missing})
@@ -48,18 +57,9 @@ def compare(reference: dict[tuple[int, str], float], other: dict[tuple[int, str]
     if extra:
         return {"kind": "extra", "sentence": f"{engine} adapts {', '.join(sorted({m for _, m in extra}))}, which "
                                              "the reference does not"}
-    shared = sorted(reference)
-    if all(close(reference[k], other.get(k, 0.0)) for k in shared):
-        return {"kind": "same", "sentence": f"the LoRA updates agree in all {len(shared)} adapted modules"}
     ratios = [other.get(k, 0.0) / reference[k] for k in shared if reference[k] > 0]
     if ratios and all(close(r, ratios[0]) for r in ratios):
         return {"kind": "scale", "ratio": ratios[0], "sentence": _scale_sentence(ratios[0], rank, engine, close)}
-    shift = _layer_shift(reference, other, close)
-    if shift is not None:
-        return {"kind": "layer_shift", "offset": shift,
-                "sentence": f"{engine} applies at each layer the update the reference applies {abs(shift)} layer"
-                            f"{'s' if abs(shift) > 1 else ''} {'later' if shift > 0 else 'earlier'} (layer i holds "
-                            f"layer i{shift:+d}'s): the adapter applied at the wrong layer index"}
     first = next(k for k in shared if not close(reference[k], other.get(k, 0.0)))
     return {"kind": "weights", "sentence": f"{engine}'s LoRA update differs first at layer {first[0]} {first[1]} "
                                            f"(norm {other.get(first, 0.0):.4g} against {reference[first]:.4g})"}
@@ -76,14 +76,20 @@ def _scale_sentence(ratio: float, rank: int, engine: str, close: Callable[[float
 
 def _layer_shift(reference: dict[tuple[int, str], float], other: dict[tuple[int, str], float],
                  close: Callable[[float, float], bool]) -> int | None:
-    """The one offset d with other[(i, m)] == reference[(i + d, m)] wherever both exist (wrapping around the
-    layers), or None."""
+    """The one offset d with other[(i, m)] == reference[(i + d, m)] for every update the other engine holds: layers
+    off by d with the edge layer left without one (an off-by-one index), or wrapping around the layers; None if no
+    offset explains at least half of the reference's updates."""
     layers = sorted({layer for layer, _ in reference})
     count = len(layers)
+    held = [(i, m) for (i, m), value in other.items() if value > 0 and i in layers]
+    if 2 * len(held) < len(reference):
+        return None
+    for d in sorted(range(1 - count, count), key=abs):
+        if d and all(close(other[(i, m)], reference.get((i + d, m), -1.0)) for i, m in held):
+            return d
     for d in range(1, count):
-        pairs = [(other[(i, m)], reference.get((layers[(layers.index(i) + d) % count], m)))
-                 for i, m in other if i in layers]
-        if pairs and all(r is not None and close(o, r) for o, r in pairs):
+        if all(close(other[(i, m)], reference[(layers[(layers.index(i) + d) % count], m)]) for i, m in held
+               if (layers[(layers.index(i) + d) % count], m) in reference):
             return d if d <= count // 2 else d - count
     return None
 

@@ -56,3 +56,9 @@ def test_half_precision_updates_agree_within_its_tolerance_and_a_zero_update_nee
     assert compare(REFERENCE, rounded, 8, "x")["kind"] == "scale"  # float32: 3e-3 apart is a scale
     assert compare(REFERENCE, rounded, 8, "x", tolerance("float32", "bfloat16"))["kind"] == "same"
     assert compare({**REFERENCE, (0, "o_proj"): 0.0}, REFERENCE, 8, "x")["kind"] == "same"
+
+
+def test_an_off_by_one_index_that_leaves_the_last_layer_bare_is_a_layer_shift_not_a_missing_module() -> None:
+    shifted = {(layer, m): REFERENCE[(layer + 1, m)] for layer, m in REFERENCE if layer < 2}
+    found = compare(REFERENCE, shifted, 8, "x")
+    assert (found["kind"], found["offset"]) == ("layer_shift", 1), found
