@@ -399,20 +399,16 @@ def models_prepare(names: Annotated[list[str] | None, typer.Argument(
     --engine-files is given."""
     from harness import models
     from harness.commands import prepare_engine_files
-    from harness.models import catalog, lora, merged
+    from harness.models import catalog
 
-    for name in names or []:
-        if merged.split(name) and catalog.model_problem(name):
-            raise ParityError(f"merged model '{name}': {catalog.model_problem(name)}")
-        if name not in models.MODELS and name not in lora.ADAPTERS and not merged.split(name):
-            raise ParityError(f"unknown model '{name}': known models are {', '.join(models.MODELS)}; adapters "
-                              f"{', '.join(lora.ADAPTERS)}; a merged model is <model>+<adapter>")
-    built = [n for n in names or [] if n not in models.MODELS]  # named adapters and merged models
-    for name in built:
+    problem = next(filter(None, map(catalog.preparable_problem, names or [])), None)
+    if problem:
+        raise ParityError(problem)
+    for name in [n for n in names or [] if n not in models.MODELS]:  # named adapters and merged models
         with console.status(f"preparing {name}"):
-            path = catalog.adapter_folder(name) if name in lora.ADAPTERS else catalog.merged_folder(name, "float32")
-        console.print(f"{name}: prepared at {path.parent if merged.split(name) else path}", highlight=False)
-    if built and len(built) == len(names or []):
+            path = catalog.prepare_built(name)
+        console.print(f"{name}: prepared at {path}", highlight=False)
+    if names and not any(n in models.MODELS for n in names):
         return
     names = [n for n in names or [] if n in models.MODELS]
     for name in names or [n for n, m in models.MODELS.items() if not m.on_demand or m.prepared()]:

@@ -29,10 +29,9 @@ from typing import Any
 import numpy as np
 
 from adapters.tracing.capture import logits_start, trace_path, trace_result, trace_writer
-from adapters.tracing.routes import ROUTER, choice_margin, routes_path
+from adapters.tracing.routes import ROUTER, Choice, write_table
 from harness.core.points import layer_point, parse
 from harness.core.types import TraceRequest, TraceResult
-from harness.rundir.traces import write_arrays
 
 VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"})  # no computation: never a capture point
 GGML_F32, GGML_F16, GGML_I32 = 0, 1, 26
@@ -299,23 +298,14 @@ class GraphTracer:
     def write_routes(self, trace: Path, metadata: dict[str, str]) -> Path | None:
         """The last pass's chosen experts, their weights and the margin of each choice, written beside its trace
         (adapters.tracing.routes' table); None where the pass collected none (a dense model, a partial pass)."""
-        layers = sorted({parse(column)[0] for column in self.routes})
-        arrays: dict[str, np.ndarray] = {}
-        for layer in layers:
+        layers = {}
+        for layer in sorted({parse(column)[0] for column in self.routes}):
             ids, weights = (self.routes.get(layer_point(layer, c)) for c in ("experts", "expert_weights"))
-            if ids is None or weights is None or ids.shape != weights.shape:
+            if ids is None or weights is None:
                 raise RuntimeError(f"llama.cpp trace: layer {layer}: chosen experts and their weights were not "
                                    "both captured")
-            arrays[layer_point(layer, "experts")] = ids.astype(np.float64)
-            arrays[layer_point(layer, "expert_weights")] = weights.astype(np.float64)
-            logits = self.routers.get(layer_point(layer, ROUTER))
-            if logits is not None:
-                arrays[layer_point(layer, "router_margin")] = choice_margin(logits, ids)
-        if not arrays:
-            return None
-        path = routes_path(trace)
-        write_arrays(path, arrays, {**metadata, "scoring": "softmax"})
-        return path
+            layers[layer] = Choice(ids, weights, self.routers.get(layer_point(layer, ROUTER)))
+        return write_table(trace, layers, "softmax", metadata)
 
     def close(self) -> None:
         if self.ctx:

@@ -13,6 +13,7 @@ the engine's scoring function and its score-correction bias.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
 from typing import Any
@@ -73,35 +74,58 @@ class RouteCapture:
         """The points whose rows the margin reads (kept in memory for the pass)."""
         return tuple(layer_point(index, ROUTER) for index in range(num_layers))
 
-    def end(self, trace: Path, positions: int, routers: dict[str, list[Any]], metadata: dict[str, str]) -> Path:
+    def end(self, trace: Path, positions: int, routers: dict[str, list[Any]], metadata: dict[str, str]) -> Path | None:
         """Write the pass's table beside its trace (routers: the router points' rows of the pass); returns its path."""
         import torch
 
         chunks, self.chunks = self.chunks or {}, None
-        arrays = {}
+        layers = {}
         for index, parts in chunks.items():
             if not parts:
                 continue
-            ids = torch.cat([p[0] for p in parts]).long()
-            weights = torch.cat([p[1] for p in parts]).double()
+            ids = torch.cat([p[0] for p in parts]).numpy()
             if ids.shape[0] != positions:
                 raise RuntimeError(f"routes: layer {index} routed {ids.shape[0]} rows for {positions} positions")
-            name = layer_point(index, "")
-            arrays[name + "experts"] = ids.double().numpy()
-            arrays[name + "expert_weights"] = weights.numpy()
             logits = routers.get(layer_point(index, ROUTER))
-            if logits:
-                bias = self.biases[index].detach().to("cpu").double().numpy() if index in self.biases else None
-                arrays[name + "router_margin"] = choice_margin(torch.cat(logits).double().numpy(), ids.numpy(),
-                                                               self.routes.scoring, bias)
-        path = routes_path(trace)
-        write_arrays(path, arrays, {**metadata, "scoring": self.routes.scoring})
-        return path
+            layers[index] = Choice(ids, torch.cat([p[1] for p in parts]).double().numpy(),
+                                   torch.cat(logits).double().numpy() if logits else None,
+                                   self.biases[index].detach().to("cpu").double().numpy() if index in self.biases
+                                   else None)
+        return write_table(trace, layers, self.routes.scoring, metadata)
 
     def close(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles = []
+
+
+@dataclass
+class Choice:
+    """One layer's choice in a pass: expert ids and weights [positions, k], the router logits it was made from
+    [positions, experts] (None where not captured) and the engine's score-correction bias, if any."""
+
+    ids: np.ndarray
+    weights: np.ndarray
+    logits: np.ndarray | None = None
+    bias: np.ndarray | None = None
+
+
+def write_table(trace: Path, layers: dict[int, Choice], scoring: str, metadata: dict[str, str]) -> Path | None:
+    """The pass's routes table beside its trace (the layout of the module docstring); None where no layer routed."""
+    arrays: dict[str, np.ndarray] = {}
+    for index, choice in sorted(layers.items()):
+        if choice.ids.shape != choice.weights.shape:
+            raise RuntimeError(f"routes: layer {index}: {choice.ids.shape[1]} experts and {choice.weights.shape[1]} "
+                               "weights per position")
+        arrays[layer_point(index, "experts")] = choice.ids.astype(np.float64)
+        arrays[layer_point(index, "expert_weights")] = choice.weights.astype(np.float64)
+        if choice.logits is not None:
+            arrays[layer_point(index, "router_margin")] = choice_margin(choice.logits, choice.ids, scoring, choice.bias)
+    if not arrays:
+        return None
+    path = routes_path(trace)
+    write_arrays(path, arrays, {**metadata, "scoring": scoring})
+    return path
 
 
 def choice_margin(logits: np.ndarray, ids: np.ndarray, scoring: str = "softmax",

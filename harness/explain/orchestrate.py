@@ -116,10 +116,11 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
         on_start([p.name for p in passes.plans], [r.case_id for r in requests])
         outcomes, interrupted = run_engines(passes.plans, parallel, progress)
         traces = {(name, cid): result for name, o in outcomes.items() for cid, result in o.results.items()}
-        tokenizer = load_tokenizer(models.resolve(spec.reference_model, dtype, str(scenario.path)))
+        reference_folder = models.resolve(spec.reference_model, dtype, str(scenario.path))
+        tokenizer = load_tokenizer(reference_folder)
         decode = lambda token: tokenizer.decode([int(token)])  # noqa: E731
         found = _compare_all(outcome, results, steps, requests, traces, passes.floor_name, k, decode, notes)
-        rope = length_dependent_rope(models.resolve(spec.reference_model, dtype, str(scenario.path)))
+        rope = length_dependent_rope(reference_folder)
         if rope and not interrupted:
             outcomes.update(_reread_lengths(outcome, found, requests, traceable, high, keep_traces, parallel,
                                             progress, k, decode, rope))
@@ -220,9 +221,7 @@ def _reread_lengths(outcome: RunOutcome, found: Compared, requests: list[TraceRe
                 continue
             floor = traces.get((passes.floor_name, request.case_id)) if passes.floor_name else None
             floor_summary = summarize(pass_frame(floor, ref_result, floor=True)) if _trace(floor) else None
-            frame = pass_frame(result, ref_result)
-            points = first_out(against_floor(summarize(frame), floor_summary,
-                                             scenario.spec.engine_dtype(ref), k), frame)
+            frame, points = compared_points(result, ref_result, floor_summary, scenario.spec.engine_dtype(ref), k)
             found.per_position.append(frame.assign(case_id=request.case_id, engine=loc.engine, compared_to=ref))
             found.per_point.append(points.assign(case_id=request.case_id, engine=loc.engine))
             prefix = localise(points, case_id=loc.case_id, engine=loc.engine, reference=ref, prompt_equal=True,
@@ -242,6 +241,14 @@ def pass_frame(result: TraceResult, ref_result: TraceResult, floor: bool = False
     if result.errors:
         return metrics_frame(Trace(result.errors), ref_trace, trace)
     return compare_traces(trace, ref_trace) if floor else compare_traces(ref_trace, trace)
+
+
+def compared_points(result: TraceResult, ref_result: TraceResult, floor_summary: pd.DataFrame | None, dtype: str,
+                    k: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A pass against the reference's: per point and position, and per point against the noise floor with the
+    first position each leaves it at."""
+    frame = pass_frame(result, ref_result)
+    return frame, first_out(against_floor(summarize(frame), floor_summary, dtype, k), frame)
 
 
 UNTRACED_CAUSE = {"match": "none", "benign_tie": "near_tie", "hazard": "hazard", "engine_error": "no_trace"}
@@ -333,8 +340,7 @@ def _explain_engine(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFr
         return (Localisation(case_id=request.case_id, engine=name, reference=ref, cause="no_trace",
                              verdict=f"no trace from {name}: {_error(result)}"),
                 None, None, None)
-    frame = pass_frame(result, ref_result)
-    points = first_out(against_floor(summarize(frame), floor_summary, spec.engine_dtype(ref), k), frame)
+    frame, points = compared_points(result, ref_result, floor_summary, spec.engine_dtype(ref), k)
     routed = classify(compare_routes(read_routes(ref_result.routes), read_routes(result.routes)), frame, points, k) \
         if ref_result.routes and result.routes else None
     if bool(ref_result.routes) != bool(result.routes):

@@ -316,6 +316,22 @@ def resolve(model: str, dtype: str, origin: str = "scenario") -> Path:
     return expanded(Path(model)).resolve()
 
 
+def preparable_problem(name: str) -> str | None:
+    """Why `parity models prepare NAME` cannot build NAME (a named model or adapter, or <model>+<adapter>), or None."""
+    if name in MODELS or name in lora.ADAPTERS:
+        return None
+    if merged.split(name):
+        problem = model_problem(name)
+        return problem and f"merged model '{name}': {problem}"
+    return (f"unknown model '{name}': known models are {', '.join(MODELS)}; adapters {', '.join(lora.ADAPTERS)}; a "
+            "merged model is <model>+<adapter>")
+
+
+def prepare_built(name: str) -> Path:
+    """A named adapter or a merged model, built once; its folder."""
+    return adapter_folder(name) if name in lora.ADAPTERS else merged_folder(name, "float32").parent
+
+
 def adapter_folder(value: str) -> Path:
     """A `lora:` value lora.problem() accepted -> its folder; a named adapter is built on first use for its base."""
     if value not in lora.ADAPTERS:
