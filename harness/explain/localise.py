@@ -122,12 +122,12 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
                 first_step=divergence.step if divergence else None,
                 divergence=divergence.model_dump() if divergence else None, curve=error_curve(points))
     overall = routes.reading(routing) if routing is not None else None
-    routed = f" Routing: {routes.sentence(overall, engine)}." if overall else ""
+    said_after = f" Routing: {routes.sentence(overall, engine)}." if overall else ""  # routing and LoRA readings
     if overall:
         base["routing"] = {**overall, "grid": routes.grid(routing), "legend": routes.GRID_LEGEND}
     if adapter:
         base["adapter"] = adapter
-        routed += f" LoRA: {adapter['sentence']}."
+        said_after += f" LoRA: {adapter['sentence']}."
     differs = points[points["error"] > 0]
     if len(differs):
         first = differs.iloc[0]
@@ -156,14 +156,14 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
         since = base["out_of_floor"]["first_position"]
         moe = _moe_reading(routing, row, engine) if routing is not None else None
         if moe:
-            base["out_of_floor"]["routing"], cause, routed = moe[0], moe[1], ""
+            base["out_of_floor"]["routing"], cause, said_after = moe[0], moe[1], ""
         if adapter and adapter["kind"] != "same":
             base["out_of_floor"]["adapter"] = adapter["kind"]
-            cause, routed = f"{cause}; the LoRA adapter: {adapter['sentence']}", ""
+            cause, said_after = f"{cause}; the LoRA adapter: {adapter['sentence']}", ""
         verdict = (f"{_where(row['point'])} leaves the noise floor first (from position {since}): relative error "
                    f"{_fmt(row['error'])} is "
                    f"{_fmt(row['ratio'])}x the floor ({_fmt(row['floor'])}; threshold {k:g}x), {origin}. Candidate "
-                   f"cause: {cause}. {step_note}.{routed}")
+                   f"cause: {cause}. {step_note}.{said_after}")
         benign = moe is not None and moe[0] == "near_tie_flip"
         return Localisation(cause="near_tie" if benign else "component", verdict=verdict, **base)
     worst = points.loc[points["ratio"].idxmax()]
@@ -173,19 +173,19 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
     drift = (f"; the engines first differ at {_where(first['point'])} ({COMPONENT.get(parse(first['point'])[1])})"
              if first else "; the engines' activations are bit-identical")
     if divergence is None and ending:
-        return Localisation(cause="ending", verdict=f"{ending}; {within}{drift}.{routed}", **base)
+        return Localisation(cause="ending", verdict=f"{ending}; {within}{drift}.{said_after}", **base)
     if divergence is None:
-        return Localisation(cause="none", verdict=f"no divergence: {within}{drift}.{routed}", **base)
+        return Localisation(cause="none", verdict=f"no divergence: {within}{drift}.{said_after}", **base)
     if divergence.picked_after_logits:
         d = divergence
         verdict = (f"logits agree within noise but tokens differ: {within}; at step {d.step} the reference's raw "
                    f"logits rank {decode(d.ref_top[0])!r} first and it chose {decode(d.ref_token)!r}, {engine}'s "
                    f"rank {decode(d.engine_top[0])!r} first and it chose {decode(d.engine_token)!r}: the tokens "
                    "were picked after the logits, so the difference is in the sampler or penalty semantics")
-        return Localisation(cause="sampler", verdict=verdict + (f"; {param_note}" if param_note else "") + routed,
+        return Localisation(cause="sampler", verdict=verdict + (f"; {param_note}" if param_note else "") + said_after,
                             **base)
     verdict = (f"near-tie: {step_note[0].lower()}{step_note[1:]}; {within}{drift}; a drift this small flips only "
-               f"near-tied tokens.{routed}")
+               f"near-tied tokens.{said_after}")
     return Localisation(cause="near_tie", verdict=verdict, **base)
 
 
