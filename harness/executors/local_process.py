@@ -107,13 +107,26 @@ class WorkerHandle:
 
     def stop(self, grace: float = 30.0) -> None:
         """Close politely, then SIGTERM, then SIGKILL the worker's whole process group."""
+        self.ask_to_stop()
+        self.await_stop(grace)
+
+    def ask_to_stop(self) -> None:
+        """Tell the worker to close its engine and end, without waiting: several workers then end side by side."""
         if self.process is None or self.process.poll() is not None:
             return
         try:
             self.send({"op": "close"})
             self.process.stdin.close()
+        except (WorkerGone, OSError, ValueError):
+            self.kill()
+
+    def await_stop(self, grace: float = 30.0) -> None:
+        """Wait for a worker asked to stop to end; past grace, SIGTERM then SIGKILL its process group."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
             self.process.wait(timeout=grace)
-        except (WorkerGone, OSError, subprocess.TimeoutExpired, ValueError):
+        except subprocess.TimeoutExpired:
             self.kill()
 
     def kill(self) -> None:

@@ -132,8 +132,7 @@ class WorkerPool:
                     entry.worker.send({"op": "unload"})
                 except WorkerGone:
                     entry.worker.kill()
-        for entry in stop:
-            entry.worker.stop()
+        stop_together([entry.worker for entry in stop])
 
     def close(self, kill: bool = False) -> None:
         """Stop the idle workers (kill: at once, the user interrupted)."""
@@ -141,8 +140,20 @@ class WorkerPool:
             workers = [e.worker for e in self.idle]
             self.idle.clear()
             self.expected.clear()
-        for worker in workers:
-            worker.kill() if kill else worker.stop()
+        if kill:
+            for worker in workers:
+                worker.kill()
+        else:
+            stop_together(workers)
+
+
+def stop_together(workers: list[WorkerHandle]) -> None:
+    """Stop workers side by side: each closes its engine and ends while the others do (one after the other, a
+    command's end waited for the sum: 3.9 s for an HF and a vLLM worker of Gemma 3, against 2.7 s for the slower)."""
+    for worker in workers:
+        worker.ask_to_stop()
+    for worker in workers:
+        worker.await_stop()
 
 
 def memory_tight() -> bool:

@@ -115,3 +115,20 @@ def test_each_expected_use_is_counted_off_when_taken(tmp_path: Path, idle_worker
     pool.give(plan(tmp_path, key("/m")), worker)
     assert not pool.holds(key("/m"))
     assert pool.take(plan(tmp_path, key("/m", dtype="float64"))) == (worker, False)
+
+
+def test_closing_the_pool_stops_its_workers_side_by_side(tmp_path: Path) -> None:
+    """Each worker is told to stop before the pool waits for any: the second hears its close while the first is
+    still ending (each here takes a second to end, writing when it heard the close and when it ended)."""
+    pool = WorkerPool()
+    ending = ("import sys, time; sys.stdin.read(); open(sys.argv[1], 'w').write(repr(time.time())); time.sleep(1); "
+              "open(sys.argv[2], 'w').write(repr(time.time()))")
+    for name in ("a", "b"):
+        handle = WorkerHandle(name, None, 1, tmp_path / f"{name}.log")
+        handle.process = subprocess.Popen([sys.executable, "-c", ending, str(tmp_path / f"{name}.heard"),
+                                           str(tmp_path / f"{name}.ended")], stdin=subprocess.PIPE, text=True)
+        pool.give(plan(tmp_path, key(f"/{name}")), handle)
+    pool.close()
+    heard = [float((tmp_path / f"{n}.heard").read_text()) for n in ("a", "b")]
+    ended = [float((tmp_path / f"{n}.ended").read_text()) for n in ("a", "b")]
+    assert max(heard) < min(ended)
