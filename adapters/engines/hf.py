@@ -6,6 +6,7 @@ import functools
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -329,8 +330,10 @@ class Engine:
                     capture.deliver("logits", torch.tanh(logits / cap) * cap if cap else logits)
 
         store = torch.float64 if self.dtype == "float64" else torch.float32
-        yield from run_traces(self.name, capture, requests, self.workdir, store, forward,
-                              {"engine": DESCRIPTION.name, "dtype": self.dtype}, after=self._adapter_metadata)
+        for request in requests:
+            with threads_for(torch, request.threads):
+                yield from run_traces(self.name, capture, [request], self.workdir, store, forward,
+                                      {"engine": DESCRIPTION.name, "dtype": self.dtype}, after=self._adapter_metadata)
 
     def _adapter_metadata(self) -> dict[str, str]:
         """The LoRA update the model holds (adapters.tracing.lora_weights), where it applies one."""
@@ -354,6 +357,18 @@ class Engine:
         if self.capture is not None:
             self.capture.close()
         self.model = None
+
+
+@contextmanager
+def threads_for(torch: Any, threads: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to `threads` for a pass (None: left as the worker's), then set back."""
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class HfRope:

@@ -131,6 +131,7 @@ class TraceRequest(Record):
     against: str | None = None
     keep: list[str] | None = None
     trace_dir: str | None = None  # where the trace file goes (None: the engine's traces folder)
+    threads: int | None = None  # threads the pass may use, where the engine can change them per pass (None: its own)
 
 
 class TraceResult(Record):

@@ -111,7 +111,7 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
     if not high:
         notes.append(f"noise floor: {spec.engines[ref].engine} cannot run float64, so the floor is float32's "
                      "rounding unit alone")
-    passes = plan_passes(scenario, run_dir, requests, traceable, scorable, high, keep_traces)
+    passes = plan_passes(scenario, run_dir, requests, traceable, scorable, high, keep_traces, parallel)
     try:
         on_start([p.name for p in passes.plans], [r.case_id for r in requests])
         outcomes, interrupted = run_engines(passes.plans, parallel, progress)
@@ -209,7 +209,7 @@ def _reread_lengths(outcome: RunOutcome, found: Compared, requests: list[TraceRe
         return {}
     totals = {r.case_id: len(r.token_ids) for r in requests}
     passes = plan_passes(scenario, outcome.run_dir, list({r.case_id: r for r in wanted.values()}.values()),
-                         traceable, [], high, keep_traces)
+                         traceable, [], high, keep_traces, parallel)
     try:
         outcomes, _ = run_engines(passes.plans, parallel, progress)
         traces = {(name, cid): result for name, o in outcomes.items() for cid, result in o.results.items()}

@@ -70,12 +70,22 @@ def scratch_folder(run_dir: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix="llm-parity-traces-", dir=parent))
 
 
+def reference_threads(scenario: LoadedScenario, parallel: int) -> int:
+    """Threads the reference's passes may use: the command's whole budget (`parallel` engines of the reference's
+    threads each, at most this machine's cores). Its traced pass runs alone, every traced engine waiting for it; the
+    noise floor's float64 pass, twice the reference's work, outlasts the passes beside it. Gemma 3 at 1,500
+    positions on 2 cores: the reference's pass 6.0 to 3.9 s, the floor's ends 2.3 s sooner (oversubscribed beside
+    vLLM's pass, then alone)."""
+    return max(1, min(os.cpu_count() or 1, parallel * scenario.spec.engine_threads(scenario.spec.reference)))
+
+
 def plan_passes(scenario: LoadedScenario, run_dir: Path, requests: list[TraceRequest], traceable: list[str],
-                scorable: list[str], floor_dtype: str | None, keep_traces: bool) -> TracePasses:
+                scorable: list[str], floor_dtype: str | None, keep_traces: bool, parallel: int) -> TracePasses:
     """The plans of explain's passes: the traceable engines', the scorable ones' (teacher-forced top-k logprobs),
-    and the noise floor's (the reference in floor_dtype)."""
+    and the noise floor's (the reference in floor_dtype); `parallel` engines run at once."""
     ref = scenario.spec.reference
     compared = choice.current().name == "local"
+    threads = reference_threads(scenario, parallel) if compared else None
     scratch = scratch_folder(run_dir) if compared and not keep_traces else None
     floor_name = f"{ref}@{floor_dtype}" if floor_dtype else None
     passes = TracePasses([], floor_name, scratch, compared)
@@ -88,7 +98,8 @@ def plan_passes(scenario: LoadedScenario, run_dir: Path, requests: list[TraceReq
                                      "keep": None if keep_traces else keep,
                                      "trace_dir": str(scratch / name) if scratch else None}) for r in requests]
 
-    ref_requests = [r.model_copy(update={"trace_dir": str(scratch / ref)}) for r in requests] if scratch else requests
+    ref_requests = [r.model_copy(update={"trace_dir": str(scratch / ref) if scratch else None, "threads": threads})
+                    for r in requests]
     passes.plans.append(engine_plan(scenario, ref, run_dir, ref_requests, op="trace"))
     for name in traceable:
         if name != ref:
@@ -96,8 +107,8 @@ def plan_passes(scenario: LoadedScenario, run_dir: Path, requests: list[TraceReq
             passes.plans.append(replace(plan, after=ref) if compared else plan)
     passes.plans += [engine_plan(scenario, n, run_dir, requests, op="score", plan_name=n + FORCED) for n in scorable]
     if floor_dtype and floor_name:
-        plan = engine_plan(scenario, ref, run_dir, against(floor_name, []), op="trace", dtype=floor_dtype,
-                           plan_name=floor_name)
+        floor_requests = [r.model_copy(update={"threads": threads}) for r in against(floor_name, [])]
+        plan = engine_plan(scenario, ref, run_dir, floor_requests, op="trace", dtype=floor_dtype, plan_name=floor_name)
         # after the reference's pass, in its worker: a worker that has imported the engine loads the floor's model in
         # a fraction of a new process's start (SmolLM2: 0.7 s against 5 s; explain / run 1.2x against 1.38x at 128
         # positions), and no second process holds a model in float64 (Gemma 3: 3.8 GB). A worker of its own, started
