@@ -332,8 +332,11 @@ class Engine:
         store = torch.float64 if self.dtype == "float64" else torch.float32
         for request in requests:
             with threads_for(torch, request.threads):
-                yield from run_traces(self.name, capture, [request], self.workdir, store, forward,
-                                      {"engine": DESCRIPTION.name, "dtype": self.dtype}, after=self._adapter_metadata)
+                for result in run_traces(self.name, capture, [request], self.workdir, store, forward,
+                                         {"engine": DESCRIPTION.name, "dtype": self.dtype},
+                                         after=self._adapter_metadata):
+                    result.timings["threads"] = torch.get_num_threads()
+                    yield result
 
     def _adapter_metadata(self) -> dict[str, str]:
         """The LoRA update the model holds (adapters.tracing.lora_weights), where it applies one."""

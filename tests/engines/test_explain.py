@@ -6,6 +6,7 @@ leaves behind."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -110,6 +111,17 @@ def test_explain_keeps_the_logits_and_the_first_divergent_layers_rows_and_loads_
         "hf": 0, "v-fault": 0, "mlp-fault": 0, "hf@float64": 1, "v-fault@layers": 0, "mlp-fault@layers": 0}
     run_loads = {name: e["model_loads"] for name, e in planted.meta["engines"].items()}
     assert run_loads == {"hf": 1, "v-fault": 1, "mlp-fault": 1}, run_loads
+
+
+def test_the_references_passes_take_the_commands_thread_budget(planted: ParityRun) -> None:
+    """The other engines wait for the reference's traced pass, and the float64 floor's pass is the longest: both
+    use every thread the command may (engines at once x threads each, here the machine's cores at most); the
+    others keep their own."""
+    budget = os.cpu_count() or 1  # --parallel defaults to cores / threads (1 here): cores x 1
+    used = {engine: [json.loads(line)["timings"].get("threads") for line in
+                     (planted.run_dir / "engines" / engine / "traces.jsonl").read_text().splitlines()]
+            for engine in ("hf", "hf@float64", "v-fault")}
+    assert used == {"hf": [budget], "hf@float64": [budget], "v-fault": [1, 1]}, used
 
 
 @pytest.fixture(scope="module")
