@@ -18,7 +18,6 @@ signal).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import gc
 import importlib
@@ -35,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from harness.core.processes import die_with_parent, worker_env
+from harness.core.processes import die_with_parent, exit_before_finalisation, worker_env
 
 ENV_VAR = "LLM_PARITY_FORK_SERVER"
 # what HF and vLLM workers and the engines' sampling code import; a module not installed here is skipped. Measured
@@ -229,15 +228,7 @@ def main(argv: list[str]) -> int:
         return 2
     # what a spawned worker starts with, before anything reads it: OpenMP's wait policy, transformers' offline mode
     os.environ.update(worker_env(threads=1))
-    code = serve(Path(argv[0]), tuple(argv[1:]) or PRELOAD)
-    # The server, or a worker forked from it, ends before the interpreter's finalisation, where triton (imported with
-    # vLLM) prints its "nanobind: leaked ..." report into whatever stderr is: a worker's log, the tail of an error
-    # message. Exit handlers still run, as they would in a spawned worker.
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(ValueError, OSError):  # closed by the module, or its reader gone
-            stream.flush()
-    os._exit(code)
+    exit_before_finalisation(serve(Path(argv[0]), tuple(argv[1:]) or PRELOAD))  # the server, or a worker forked here
 
 
 if __name__ == "__main__":

@@ -10,8 +10,6 @@ anything the engine prints lands in the worker log instead of corrupting the pro
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import gc
 import os
 import signal
@@ -22,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
-from harness.core.processes import die_with_parent, stop_descendants
+from harness.core.processes import die_with_parent, exit_before_finalisation, stop_descendants
 from harness.executors.wire import decode, send
 
 
@@ -191,12 +189,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # The engine is closed and every message sent: the interpreter's finalisation (torch's and vLLM's modules torn
-    # down, 0.8-1.1 s for a worker of Gemma 3) would only delay the harness waiting for this worker to end. Exit
-    # handlers still run, as the fork server's workers do (harness.core.fork_server).
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(ValueError, OSError):
-            stream.flush()
-    os._exit(code)
+    exit_before_finalisation(main())  # the engine is closed and every message sent
