@@ -108,6 +108,8 @@ class Worker:
             setup = EngineSetup.model_validate(message["setup"])
             before = imported = time.monotonic()
             loads = not (message.get("keep") and self.kept(setup))
+            self.note(f"{setup.name}: loading {setup.model_path} in {setup.dtype} ({message['factory']})" if loads
+                      else f"{setup.name}: served by the engine loaded in this worker")
             if loads:
                 self.unload()
                 with long_lived_objects():
@@ -117,6 +119,7 @@ class Worker:
                     imported = time.monotonic()
                     self.engine = engine_class(message["factory"])(setup)
             loaded = time.monotonic()
+            self.note(f"{setup.name}: ready in {loaded - before:.1f} s")
             send(self.protocol, {"event": "ready", "versions": self.engine.versions(), "load_s": loaded - before,
                                  "model_loaded": loads, "phases": {"main_at": self.started,
                                                                    "imports_s": imported - before,
@@ -128,6 +131,10 @@ class Worker:
             stop_descendants()  # whatever the half-made engine started (an engine core, a server) ends first
             send(self.protocol, {"event": "fatal", "error": short_error(exc)})
             return False
+
+    def note(self, line: str) -> None:
+        """A line of the worker's own in its log (which engine it serves, from when), among the engine's output."""
+        print(f"[worker {os.getpid()}] {line}", file=self.log, flush=True)
 
     def kept(self, setup: Any) -> bool:
         """Whether the engine loaded here serves the next plan of its configuration as loaded (Engine.reuse)."""
