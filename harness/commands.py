@@ -242,7 +242,7 @@ def gate_and_print(scenarios: list[LoadedScenario], baseline: Path, out: Path, s
     from harness.report.ci import write_outputs
 
     for scenario in scenarios:  # a missing baseline is a config error before anything runs
-        baselines.load(baseline, scenario.name)
+        baselines.load(baseline, scenario.name, f"{scenario.path}: name")
     cases = []
     outcomes = run_all_and_print(scenarios, out, selection, parallel)
     if any(outcome.interrupted for outcome in outcomes):

@@ -68,10 +68,20 @@ def records_from_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]
     return header, records
 
 
+def baseline_file(folder: Path, scenario_name: str, named_in: str) -> Path:
+    """folder/<scenario>.jsonl, for a scenario name that is one file name: no path separator, no NUL byte, not "." or
+    ".." (a damaged run.json, or a scenario named "a/b", would otherwise write outside the folder or fail in the OS).
+    named_in: where the name comes from, for the error."""
+    if "/" in scenario_name or "\0" in scenario_name or scenario_name.strip(".") == "":
+        raise ConfigError(f"{named_in}: the scenario name {scenario_name!r} cannot name a baseline file (no '/', no "
+                          "NUL byte, not only dots): rename the scenario (its `name:` key) and run it again")
+    return folder / f"{scenario_name}.jsonl"
+
+
 def save(run_dir: Path, to: Path) -> Path:
     header, records = records_from_run(run_dir)
+    path = baseline_file(to, header["scenario"], f"{run_dir / layout.RUN_JSON}: scenario_name")
     to.mkdir(parents=True, exist_ok=True)
-    path = to / f"{header['scenario']}.jsonl"
     lines = [json.dumps(header, sort_keys=True)] + [json.dumps(r, sort_keys=True) for r in records]
     write_atomic(path, "\n".join(lines) + "\n")
     return path
@@ -106,9 +116,11 @@ class BaselineRecord(BaseModel):
     beams: list[BaselineBeam] = Field(default_factory=list)  # absent in baselines saved before beams were kept
 
 
-def load(baseline_dir: Path, scenario_name: str) -> tuple[dict[str, Any], dict[tuple[str, str], dict[str, Any]]]:
-    """A scenario's baseline, every line checked: a truncated or edited file is a ConfigError naming its line."""
-    path = baseline_dir / f"{scenario_name}.jsonl"
+def load(baseline_dir: Path, scenario_name: str,
+         named_in: str) -> tuple[dict[str, Any], dict[tuple[str, str], dict[str, Any]]]:
+    """A scenario's baseline, every line checked: a truncated or edited file is a ConfigError naming its line.
+    named_in: where the scenario's name comes from (baseline_file)."""
+    path = baseline_file(baseline_dir, scenario_name, named_in)
     if not path.exists():
         raise ConfigError(f"{path}: no baseline for scenario '{scenario_name}': save one with "
                           f"`parity baseline save RUN_DIR --to {baseline_dir}`")

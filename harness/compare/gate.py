@@ -10,6 +10,7 @@ import pandas as pd
 
 from harness.compare import baseline
 from harness.compare.baseline import records_from_run
+from harness.rundir import layout
 
 DEFAULT_LOGPROB_TOLERANCE = 1e-3
 
@@ -86,7 +87,7 @@ def judge_run(run_dir: Path, baseline_dir: Path, expected: dict[tuple[str, str],
               tolerances: dict[str, float]) -> list[GateCase]:
     """Gate cases of one run. expected: (engine, case) -> (as expected?, explanation) from the run's verdicts."""
     header, records = records_from_run(run_dir)
-    _, old_records = baseline.load(baseline_dir, header["scenario"])
+    _, old_records = baseline.load(baseline_dir, header["scenario"], f"{run_dir / layout.RUN_JSON}: scenario_name")
     cases = []
     for record in records:
         key = (record["engine"], record["case_id"])

@@ -86,6 +86,16 @@ def test_a_baseline_is_saved_from_a_stored_run_and_compared(run_dir: Path, tmp_p
     assert compare_to_baseline(old, old, 1e-3) == []
 
 
+@pytest.mark.parametrize("name", ["../escaped", "a\x00b", ".."])
+def test_a_scenario_name_that_is_no_file_name_is_refused_in_one_line(run_dir: Path, tmp_path: Path, name: str) -> None:
+    """A damaged run.json (or a scenario named "a/b") must not write a baseline outside its folder, nor reach the OS
+    with a NUL byte: one line naming run.json's key."""
+    write_meta(run_dir, read_meta(run_dir).model_copy(update={"scenario_name": name}))
+    with pytest.raises(ConfigError, match=r"run\.json: scenario_name: the scenario name .* cannot name a baseline"):
+        save(run_dir, tmp_path / "baselines")
+    assert not (tmp_path / "escaped.jsonl").exists() and not (tmp_path / "baselines").exists()
+
+
 def beam_result(engine: str, case: str, second: list[int]) -> Result:
     best = result(engine, case, [5, 6, 7])
     return best.model_copy(update={"beams": [Beam(token_ids=[5, 6, 7], logprobs=[-0.1] * 3, cum_logprob=-0.3),
