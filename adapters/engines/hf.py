@@ -335,7 +335,7 @@ class Engine:
                 for result in run_traces(self.name, capture, [request], self.workdir, store, forward,
                                          {"engine": DESCRIPTION.name, "dtype": self.dtype},
                                          after=self._adapter_metadata):
-                    result.timings["threads"] = torch.get_num_threads()
+                    result.threads = torch.get_num_threads()
                     yield result
 
     def _adapter_metadata(self) -> dict[str, str]:

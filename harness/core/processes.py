@@ -25,14 +25,18 @@ def die_with_parent() -> None:
 
 
 def exit_before_finalisation(code: int) -> NoReturn:
-    """End this process with `code` once its work is done: exit handlers run and the standard streams are flushed,
-    but the interpreter's finalisation is skipped. Tearing down torch's and vLLM's modules took 0.8-1.1 s of a Gemma 3
-    worker's end, which the harness waited for; there triton (imported with vLLM) also prints its "nanobind: leaked
-    ..." report into whatever stderr is: a worker's log, the tail of an error message."""
+    """End this process with `code` once its work is done, without the interpreter's finalisation: exit handlers run
+    (an engine core's shutdown among them) and Python's and C's standard streams are flushed, but threads still
+    running are not waited for (the harness's own are daemons, done by then). Tearing down torch's and vLLM's
+    modules took 0.8-1.1 s of a Gemma 3 worker's end, which the harness waited for; there triton (imported with vLLM)
+    also prints its "nanobind: leaked ..." report into whatever stderr is: a worker's log, the tail of an error
+    message."""
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(ValueError, OSError):  # closed by the module, or its reader gone
             stream.flush()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).fflush(None)  # what native code printed through C's buffered stdout (fd 1 is the log)
     os._exit(code)
 
 

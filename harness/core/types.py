@@ -147,6 +147,7 @@ class TraceResult(Record):
     error: str = ""
     errors: str = ""  # a compared pass (TraceRequest.against): its per-position metrics file
     routes: str = ""  # a mixture-of-experts model: the chosen experts' table (adapters.tracing.routes)
+    threads: int | None = None  # threads the pass ran on, where the engine sets them per pass (TraceRequest.threads)
 
     @classmethod
     def engine_error(cls, case_id: str, engine: str, error: str) -> TraceResult:

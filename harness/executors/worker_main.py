@@ -14,6 +14,7 @@ import gc
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -119,7 +120,8 @@ class Worker:
                     imported = time.monotonic()
                     self.engine = engine_class(message["factory"])(setup)
             loaded = time.monotonic()
-            self.note(f"{setup.name}: ready in {loaded - before:.1f} s")
+            if loads:
+                self.note(f"{setup.name}: ready in {loaded - before:.1f} s")
             send(self.protocol, {"event": "ready", "versions": self.engine.versions(), "load_s": loaded - before,
                                  "model_loaded": loads, "phases": {"main_at": self.started,
                                                                    "imports_s": imported - before,
@@ -134,7 +136,8 @@ class Worker:
 
     def note(self, line: str) -> None:
         """A line of the worker's own in its log (which engine it serves, from when), among the engine's output."""
-        print(f"[worker {os.getpid()}] {line}", file=self.log, flush=True)
+        who = f"worker {os.getpid()}" if threading.current_thread() is threading.main_thread() else "worker thread"
+        print(f"[{who}] {line}", file=self.log, flush=True)
 
     def kept(self, setup: Any) -> bool:
         """Whether the engine loaded here serves the next plan of its configuration as loaded (Engine.reuse)."""

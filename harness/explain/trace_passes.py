@@ -22,6 +22,7 @@ from pathlib import Path
 
 from harness.core.types import TraceRequest
 from harness.executors import choice
+from harness.executors.start_next import usable_cores
 from harness.plan.plans import EnginePlan, LoadKey, engine_load_key, engine_plan
 from harness.rundir.traces import trace_file_name
 from harness.scenario.spec import LoadedScenario
@@ -71,12 +72,13 @@ def scratch_folder(run_dir: Path) -> Path:
 
 
 def reference_threads(scenario: LoadedScenario, parallel: int) -> int:
-    """Threads the reference's passes may use: the command's whole budget (`parallel` engines of the reference's
-    threads each, at most this machine's cores). Its traced pass runs alone, every traced engine waiting for it; the
-    noise floor's float64 pass, twice the reference's work, outlasts the passes beside it. Gemma 3 at 1,500
-    positions on 2 cores: the reference's pass 6.0 to 3.9 s, the floor's ends 2.3 s sooner (oversubscribed beside
-    vLLM's pass, then alone)."""
-    return max(1, min(os.cpu_count() or 1, parallel * scenario.spec.engine_threads(scenario.spec.reference)))
+    """Threads the reference's passes may use: the command's whole budget (`parallel` engines of the scenario's
+    threads each, at most the cores this process may use), never fewer than the reference's own. Every traced engine
+    waits for the reference's pass (scoring passes, which do not, run beside it); the noise floor's float64 pass, twice
+    the reference's work, outlasts the passes beside it. Gemma 3 at 1,500 positions on 2 cores: the reference's pass
+    6.0 to 4.1 s, the floor's ends 2.3 s sooner (oversubscribed beside vLLM's pass, then alone)."""
+    budget = min(int(usable_cores()), parallel * scenario.spec.threads)
+    return max(1, scenario.spec.engine_threads(scenario.spec.reference), budget)
 
 
 def plan_passes(scenario: LoadedScenario, run_dir: Path, requests: list[TraceRequest], traceable: list[str],

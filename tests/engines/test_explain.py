@@ -6,12 +6,12 @@ leaves behind."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from harness.executors.start_next import usable_cores
 from harness.rundir.traces import Trace
 
 from helpers import SCENARIOS, ParityRun, parity, write_scenario
@@ -117,8 +117,8 @@ def test_the_references_passes_take_the_commands_thread_budget(planted: ParityRu
     """The other engines wait for the reference's traced pass, and the float64 floor's pass is the longest: both
     use every thread the command may (engines at once x threads each, here the machine's cores at most); the
     others keep their own."""
-    budget = os.cpu_count() or 1  # --parallel defaults to cores / threads (1 here): cores x 1
-    used = {engine: [json.loads(line)["timings"].get("threads") for line in
+    budget = int(usable_cores())  # --parallel defaults to cores / threads (1 here): cores x 1
+    used = {engine: [json.loads(line)["threads"] for line in
                      (planted.run_dir / "engines" / engine / "traces.jsonl").read_text().splitlines()]
             for engine in ("hf", "hf@float64", "v-fault")}
     assert used == {"hf": [budget], "hf@float64": [budget], "v-fault": [1, 1]}, used

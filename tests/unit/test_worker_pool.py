@@ -119,16 +119,27 @@ def test_each_expected_use_is_counted_off_when_taken(tmp_path: Path, idle_worker
 
 def test_closing_the_pool_stops_its_workers_side_by_side(tmp_path: Path) -> None:
     """Each worker is told to stop before the pool waits for any: the second hears its close while the first is
-    still ending (each here takes a second to end, writing when it heard the close and when it ended)."""
-    pool = WorkerPool()
-    ending = ("import sys, time; sys.stdin.read(); open(sys.argv[1], 'w').write(repr(time.time())); time.sleep(1); "
+    still ending (each here takes a second to end, writing when it heard the close and when it ended; both are
+    reading their stdin before the pool closes)."""
+    pool, processes = WorkerPool(), []
+    ending = ("import sys, time; print('ready', flush=True); sys.stdin.read(); "
+              "open(sys.argv[1], 'w').write(repr(time.time())); time.sleep(1); "
               "open(sys.argv[2], 'w').write(repr(time.time()))")
-    for name in ("a", "b"):
-        handle = WorkerHandle(name, None, 1, tmp_path / f"{name}.log")
-        handle.process = subprocess.Popen([sys.executable, "-c", ending, str(tmp_path / f"{name}.heard"),
-                                           str(tmp_path / f"{name}.ended")], stdin=subprocess.PIPE, text=True)
-        pool.give(plan(tmp_path, key(f"/{name}")), handle)
-    pool.close()
+    try:
+        for name in ("a", "b"):
+            handle = WorkerHandle(name, None, 1, tmp_path / f"{name}.log")
+            handle.process = subprocess.Popen([sys.executable, "-c", ending, str(tmp_path / f"{name}.heard"),
+                                               str(tmp_path / f"{name}.ended")], stdin=subprocess.PIPE,
+                                              stdout=subprocess.PIPE, text=True)
+            processes.append(handle.process)
+            assert handle.process.stdout.readline() == "ready\n"
+            pool.give(plan(tmp_path, key(f"/{name}")), handle)
+        pool.close()
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+            process.stdout.close()
     heard = [float((tmp_path / f"{n}.heard").read_text()) for n in ("a", "b")]
     ended = [float((tmp_path / f"{n}.ended").read_text()) for n in ("a", "b")]
     assert max(heard) < min(ended)
