@@ -34,7 +34,8 @@ def shifted_layers(model: Any) -> None:
     import torch
 
     layers = model.model.layers
-    by_layer = [{name: m for name, m in layer.named_modules() if m in _adapted(model)} for layer in layers]
+    adapted = {id(m) for m in _adapted(model)}
+    by_layer = [{name: m for name, m in layer.named_modules() if id(m) in adapted} for layer in layers]
     with torch.no_grad():
         weights = [{name: [(m.lora_A[a].weight.clone(), m.lora_B[a].weight.clone()) for a in m.lora_A]
                     for name, m in modules.items()} for modules in by_layer]

@@ -109,6 +109,11 @@ def context_size(setup: EngineSetup, n_ctx: int | None) -> int:
     return n_ctx
 
 
+def asked_context(n_ctx: int, option: int | None) -> str:
+    """The n_ctx llama.cpp was given, and whether the scenario's n_ctx option set it (the versions' n_ctx entry)."""
+    return f"{n_ctx} asked" + (" (n_ctx option)" if option is not None else "")
+
+
 YARN_BETAS = ("yarn_beta_fast", "yarn_beta_slow")
 
 
@@ -275,8 +280,7 @@ class Engine:
         LongRoPE compares with the original context to choose the long or short factors)."""
         ctx = self.llm.ctx
         allocated, per_sequence = self.llama_cpp.llama_n_ctx(ctx), self.llama_cpp.llama_n_ctx_seq(ctx)
-        asked = f"{self.n_ctx} asked" + (" (n_ctx option)" if self.options.n_ctx is not None else "")
-        return f"{allocated} allocated, {per_sequence} per sequence, {asked}"
+        return f"{allocated} allocated, {per_sequence} per sequence, {asked_context(self.n_ctx, self.options.n_ctx)}"
 
     def _file_type(self) -> str:
         """llama.cpp's own description of the loaded model (architecture, size, weight type)."""

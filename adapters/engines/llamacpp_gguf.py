@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, NoReturn, cast
 import numpy as np
 
 from harness.models import gguf_header
+from harness.models.families import rope_parameters
 
 if TYPE_CHECKING:
     from harness.models.catalog import NamedModel
@@ -76,15 +77,6 @@ class Architecture:
     hparams: Callable[[dict], Hparams]
     transforms: tuple[tuple[str, Transform], ...] = ()
     ropes: frozenset[str] = PLAIN_ROPES
-
-
-def rope_parameters(config: dict) -> dict:
-    """The rope's parameters from config.json: `rope_parameters` (transformers 5; a per-layer-type dict's
-    full_attention entry) or the older `rope_scaling`, with its kind under `rope_type` (older files: `type`)."""
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    rope = dict(rope.get("full_attention", rope))
-    rope["rope_type"] = rope.get("rope_type") or rope.get("type") or "default"
-    return rope
 
 
 def original_context(config: dict, rope: dict) -> int:

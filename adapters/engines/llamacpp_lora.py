@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 
 from adapters.contract import LoraRules
-from adapters.engines.llamacpp_gguf import atomic_write, cache_dir, gguf_name, locked, writer_for
+from adapters.engines.llamacpp_gguf import atomic_write, cache_dir, gguf_name, locked, stored, writer_for
+from harness.models import lora
 from harness.models.lora import fingerprint
 
 RULES = LoraRules(source="llama.cpp's LoRA adapters (a GGUF adapter written here from the PEFT folder)",
@@ -33,32 +33,22 @@ def adapter_gguf(model_path: Path, adapter: Path) -> Path:
 
 def write_adapter(model_path: Path, adapter: Path, out: Path) -> None:
     import gguf
-    from safetensors.numpy import load_file
 
     config = json.loads((model_path / "config.json").read_text())
-    lora = json.loads((adapter / "adapter_config.json").read_text())
     arch = writer_for(config)
     hparams = arch.hparams(config)
-    rank = int(lora["r"])
-    alpha = float(lora.get("lora_alpha", rank)) * (math.sqrt(rank) if lora.get("use_rslora") else 1.0)
+    info = lora.read(adapter)
     writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch.gguf_arch)])
     writer.add_type(gguf.GGUFType.ADAPTER)
     writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
-    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
-    tensors = load_file(str(adapter / "adapter_model.safetensors"))
-    for key in sorted(tensors):
-        if ".lora_A." not in key:
-            continue
-        module = key.removeprefix("base_model.model.").split(".lora_A.")[0]
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, info.scale * info.rank)  # llama.cpp scales by alpha / r
+    for module, (a, b) in sorted(lora.pairs(adapter).items()):
         name = gguf_name(f"{module}.weight", config["num_hidden_layers"], arch.gguf_arch)
         if name is None:
             raise RuntimeError(f"gguf: llama.cpp has no tensor for the adapted module {module}")
-        b = tensors[key.replace(".lora_A.", ".lora_B.")].astype(np.float32)
-        for suffix, transform in arch.transforms:
-            if name.endswith(suffix):
-                b = transform(b, hparams)  # B's rows are the weight's output rows
-        writer.add_tensor(f"{name}.lora_a", np.ascontiguousarray(tensors[key].astype(np.float32)))
-        writer.add_tensor(f"{name}.lora_b", np.ascontiguousarray(b))
+        writer.add_tensor(f"{name}.lora_a", np.ascontiguousarray(a.astype(np.float32)))
+        # B's rows are the weight's output rows: laid out as the base weight is
+        writer.add_tensor(f"{name}.lora_b", np.ascontiguousarray(stored(b, name, arch, hparams, "f32")))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -17,7 +17,15 @@ from pydantic import Field, field_validator
 from adapters.contract import Capabilities, EngineDescription, Requirement, SamplingCode
 from adapters.engines import llamacpp_gguf
 from adapters.engines.gguf_tensors import describe
-from adapters.engines.llamacpp import GGML_TYPES, context_size, extra_buffers, gguf_file, user_gguf_bos, yarn_betas
+from adapters.engines.llamacpp import (
+    GGML_TYPES,
+    asked_context,
+    context_size,
+    extra_buffers,
+    gguf_file,
+    user_gguf_bos,
+    yarn_betas,
+)
 from adapters.engines.llamacpp import Options as LibraryOptions
 from adapters.engines.llamacpp_lora import RULES as LORA_RULES
 from adapters.engines.llamacpp_lora import adapter_gguf
@@ -70,11 +78,12 @@ def echo_positions(token_ids: list[int], bos: int | None) -> list[tuple[int, boo
     return [(i, stripped) for i, token in enumerate(rest) if token != bos]
 
 
-def command(setup: EngineSetup, port: int, options: Options, gguf: str, threads: int, buffers: bool) -> list[str]:
+def command(setup: EngineSetup, port: int, options: Options, gguf: str, threads: int, buffers: bool,
+            n_ctx: int) -> list[str]:
     """The server's command line: llama_cpp.server through adapters.engines.llamacpp_serve, which sets the extra
-    buffers (buffers: on or off) that llama_cpp.server has no setting for; its context is the n_ctx option's (or the
-    run's, rounded up) and a YaRN file's betas are passed as settings (the server would give llama.cpp its own)."""
-    n_ctx = context_size(setup, options.n_ctx)
+    buffers (buffers: on or off) that llama_cpp.server has no setting for; its context is n_ctx (context_size: the
+    n_ctx option's, or the run's rounded up) and a YaRN file's betas are passed as settings (the server would give
+    llama.cpp its own)."""
     kv = str(GGML_TYPES[options.kv_cache])
     betas = [arg for name, value in yarn_betas(gguf).items() for arg in (f"--{name}", str(value))]
     return [sys.executable, "-m", "adapters.engines.llamacpp_serve", "on" if buffers else "off",
@@ -144,7 +153,7 @@ class Engine(ServedEngine):
         env = {k: v for k, v in os.environ.items() if k.lower() not in SERVER_SETTINGS}
         if self.options.api_key_env:
             env["API_KEY"] = os.environ[self.options.api_key_env]
-        return Launch(command(setup, port, self.options, self.gguf, threads, self.extra_buffers), env,
+        return Launch(command(setup, port, self.options, self.gguf, threads, self.extra_buffers, self.n_ctx), env,
                       health_path="/v1/models")
 
     def versions(self) -> dict[str, str]:
@@ -153,7 +162,7 @@ class Engine(ServedEngine):
             info["gguf"] = os.path.basename(self.gguf)
             info["tensor_types"] = describe(Path(self.gguf))
             info["extra_buffers"] = "on" if self.extra_buffers else "off"
-            info["n_ctx"] = f"{self.n_ctx} asked" + (" (n_ctx option)" if self.options.n_ctx is not None else "")
+            info["n_ctx"] = asked_context(self.n_ctx, self.options.n_ctx)
         return info
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from harness.core.types import TraceRequest
 from harness.explain.localise import Localisation
+from harness.models.families import rope_parameters
 
 LENGTH_DEPENDENT = ("longrope", "dynamic")  # rope types whose factors depend on the sequence's length
 REREAD = ("near_tie", "none", "sampler", "ending")  # full-pass readings with nothing out of the floor
@@ -22,9 +23,7 @@ REREAD = ("near_tie", "none", "sampler", "ending")  # full-pass readings with no
 
 def length_dependent_rope(model_path: Path) -> str | None:
     """The rope type of a model folder if its factors depend on the sequence's length (else None)."""
-    config = json.loads((Path(model_path) / "config.json").read_text())
-    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    kind = params.get("rope_type") or params.get("type")
+    kind = rope_parameters(json.loads((Path(model_path) / "config.json").read_text()))["rope_type"]
     return kind if kind in LENGTH_DEPENDENT else None
 
 

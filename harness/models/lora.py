@@ -90,14 +90,15 @@ def shape_problem(label: str, info: AdapterInfo, weights: Path, model: str) -> s
 
     said = f" (its adapter_config.json names {info.base} as its base)" if info.base else ""
     keys = set(tensor_names(weights))
-    with safe_open(str(weights), "np") as base:
-        for module, (a, b) in pairs(info.path).items():
+    with safe_open(str(weights), "np") as base, safe_open(str(info.path / WEIGHTS), "np") as adapter:
+        for module, (a_key, b_key) in pair_keys(list(adapter.keys())).items():  # shapes from the headers alone
             key = f"{module}.weight"
             if key not in keys:
                 return f"{label} adapts {module}, which {model} does not have: an adapter of another model{said}"
             out_features, in_features = base.get_slice(key).get_shape()
-            if a.shape[1] != in_features or b.shape[0] != out_features:
-                return (f"{label} adapts {module} as a [{b.shape[0]}, {a.shape[1]}] weight, {model} has it "
+            a_in, b_out = adapter.get_slice(a_key).get_shape()[1], adapter.get_slice(b_key).get_shape()[0]
+            if a_in != in_features or b_out != out_features:
+                return (f"{label} adapts {module} as a [{b_out}, {a_in}] weight, {model} has it "
                         f"[{out_features}, {in_features}]: an adapter of another model{said}")
     return None
 
@@ -119,16 +120,22 @@ def tensor_names(file: Path) -> list[str]:
         return list(handle.keys())  # a file handle, not a mapping: keys() is how it lists its tensors
 
 
+def pair_keys(names: list[str]) -> dict[str, tuple[str, str]]:
+    """Base module name (model.layers.0.self_attn.q_proj) -> the names of its A and B tensors in the adapter's file."""
+    found: dict[str, dict[str, str]] = {}
+    for key in names:
+        prefix, _, rest = key.partition(".lora_")
+        if rest in ("A.weight", "B.weight"):
+            found.setdefault(prefix.removeprefix("base_model.model."), {})[rest[0]] = key
+    return {module: (ab["A"], ab["B"]) for module, ab in found.items() if set(ab) == {"A", "B"}}
+
+
 def pairs(path: Path) -> dict[str, tuple[Any, Any]]:
     """The adapter's weights: base module name (model.layers.0.self_attn.q_proj) -> (A [r, in], B [out, r]), numpy."""
     from safetensors.numpy import load_file
 
-    found: dict[str, dict[str, Any]] = {}
-    for key, tensor in load_file(str(path / WEIGHTS)).items():
-        prefix, _, rest = key.partition(".lora_")
-        if rest in ("A.weight", "B.weight"):
-            found.setdefault(prefix.removeprefix("base_model.model."), {})[rest[0]] = tensor
-    return {module: (ab["A"], ab["B"]) for module, ab in found.items() if set(ab) == {"A", "B"}}
+    tensors = load_file(str(path / WEIGHTS))
+    return {module: (tensors[a], tensors[b]) for module, (a, b) in pair_keys(list(tensors)).items()}
 
 
 def build(adapter: NamedAdapter, base_folder: Path, out: Path) -> None:

@@ -162,8 +162,9 @@ def test_the_server_is_started_with_the_n_ctx_option_and_the_files_yarn_betas(tm
         write()
     assert yarn_betas(str(path)) == {"yarn_beta_slow": 4.0}
     assert yarn_betas(str(tmp_path / "missing.gguf")) == {}
-    line = command(setup(48), 8000, Options(n_ctx=64), str(path), 1, False)
+    line = command(setup(48), 8000, Options(n_ctx=64), str(path), 1, False, context_size(setup(48), 64))
     assert line[line.index("--n_ctx") + 1] == "64" and line[line.index("--yarn_beta_slow") + 1] == "4.0"
     assert "--yarn_beta_fast" not in line
-    default = command(setup(48), 8000, Options(), str(tmp_path / "missing.gguf"), 1, False)
+    default = command(setup(48), 8000, Options(), str(tmp_path / "missing.gguf"), 1, False,
+                      context_size(setup(48), None))
     assert default[default.index("--n_ctx") + 1] == "512"
