@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from rich.markup import escape
 
@@ -19,6 +19,7 @@ from harness.run.execute import Selection, execute_all
 from harness.scenario.spec import LoadedScenario
 
 if TYPE_CHECKING:
+    from harness.explain.early_passes import EarlyPasses
     from harness.run.outcome import RunOutcome
 
 
@@ -30,8 +31,16 @@ def run_and_print(scenario: LoadedScenario, out: Path, selection: Selection, par
     return run_all_and_print([scenario], out, selection, parallel)[0]
 
 
+class RunWatcher(Protocol):
+    """Told a run's start and its engines' progress events, as they come (harness.explain.early_passes)."""
+
+    def started(self, scenario: LoadedScenario, run_dir: Path) -> None: ...
+
+    def event(self, label: str, event: str) -> None: ...
+
+
 def run_all_and_print(scenarios: list[LoadedScenario], out: Path, selection: Selection,
-                      parallel: int | None) -> list[RunOutcome]:
+                      parallel: int | None, watcher: RunWatcher | None = None) -> list[RunOutcome]:
     """Run scenarios as one matrix (harness.run.execute.execute_all) and print each one's verdicts."""
     progress = EngineProgress()
 
@@ -40,9 +49,16 @@ def run_all_and_print(scenarios: list[LoadedScenario], out: Path, selection: Sel
                       markup=False, highlight=False)
         prefix = f"{ran.name}/" if len(scenarios) > 1 else ""
         progress.start([prefix + name for name in ran.spec.engines], len(ran.cases))
+        if watcher is not None:
+            watcher.started(ran, run_dir)
+
+    def event(label: str, event: str) -> None:
+        progress.event(label, event)
+        if watcher is not None:
+            watcher.event(label, event)
 
     try:
-        outcomes = execute_all(scenarios, out, selection, parallel, progress.event, on_start)
+        outcomes = execute_all(scenarios, out, selection, parallel, event, on_start)
     finally:
         progress.stop()
     return [print_outcome(outcome) for outcome in outcomes]
@@ -103,25 +119,37 @@ def explain_all_and_print(scenarios: list[LoadedScenario], out: Path, selection:
     """Run the scenarios as one matrix, then explain each one's chosen cases in turn. The engines explain traces or
     scores stay loaded from their run to their passes (harness.executors.worker_pool): no model loads twice."""
     from harness.executors.choice import kept_loaded, release_loaded
-    from harness.explain.orchestrate import explained_engines
-    from harness.explain.trace_passes import loads_reused
+    from harness.explain.early_passes import EarlyPasses, known_cases
+    from harness.explain.trace_passes import explained_engines, loads_reused
 
     keys = {id(s): loads_reused(s, *explained_engines(s)) for s in scenarios}
+    cases = known_cases(scenarios[0], selection.cases) if len(scenarios) == 1 else None
+    early = EarlyPasses(cases, explain_parallel(parallel, scenarios[0]), keep_traces) if cases else None
     with kept_loaded(k for each in keys.values() for k in each):
-        outcomes = run_all_and_print(scenarios, out, selection, parallel)
-        codes = []
-        for scenario, outcome in zip(scenarios, outcomes, strict=True):
-            if outcome.interrupted:
-                return EXIT_INTERRUPTED
-            codes.append(explain_and_print(outcome, selection, k, parallel, len(outcomes) > 1, keep_traces))
-            release_loaded(keys[id(scenario)])
-            if codes[-1] == EXIT_INTERRUPTED:
-                return EXIT_INTERRUPTED
-        return max(codes)
+        try:
+            outcomes = run_all_and_print(scenarios, out, selection, parallel, early)
+            codes = []
+            for scenario, outcome in zip(scenarios, outcomes, strict=True):
+                if outcome.interrupted:
+                    return EXIT_INTERRUPTED
+                codes.append(explain_and_print(outcome, selection, k, parallel, len(outcomes) > 1, keep_traces,
+                                               early))
+                release_loaded(keys[id(scenario)])
+                if codes[-1] == EXIT_INTERRUPTED:
+                    return EXIT_INTERRUPTED
+            return max(codes)
+        finally:
+            if early is not None:
+                early.close()
+
+
+def explain_parallel(parallel: int | None, scenario: LoadedScenario) -> int:
+    """The engines explain's passes run at once: --parallel, else as many as the machine's cores hold."""
+    return parallel or max(1, (os.cpu_count() or 1) // scenario.spec.threads)
 
 
 def explain_and_print(outcome: RunOutcome, selection: Selection, k: float | None, parallel: int | None,
-                      named: bool, keep_traces: bool = False) -> int:
+                      named: bool, keep_traces: bool = False, early: EarlyPasses | None = None) -> int:
     """Explain one finished run's chosen cases (named: its lines say which scenario they are about)."""
     from harness.explain.beam_runs import explain_beams, explanation_lines, split_cases
     from harness.explain.localisation_report import localisation_lines
@@ -147,9 +175,9 @@ def explain_and_print(outcome: RunOutcome, selection: Selection, k: float | None
         console.print(f"{title}: tracing {len(cases)} case(s) in {', '.join(names)}", markup=False, highlight=False)
         progress.start(names, len(cases))
 
-    workers = parallel or max(1, (os.cpu_count() or 1) // outcome.scenario.spec.threads)
     try:
-        result = explain_run(outcome, token_ids, k, workers, progress.event, on_start, keep_traces)
+        result = explain_run(outcome, token_ids, k, explain_parallel(parallel, outcome.scenario), progress.event,
+                             on_start, keep_traces, early)
     finally:
         progress.stop()
     for note in result.notes:

@@ -227,23 +227,26 @@ class EngineRun:
             worker.kill()
 
 
-def run_engines(plans: list[EnginePlan], parallel: int | None,
-                progress: Progress) -> tuple[dict[str, EngineOutcome], bool]:
+def run_engines(plans: list[EnginePlan], parallel: int | None, progress: Progress, recorded: Recorded | None = None,
+                stop: threading.Event | None = None) -> tuple[dict[str, EngineOutcome], bool]:
     """Run all plans (of one scenario: their names differ), `parallel` engines at a time (None: as the current
-    executor decides). Returns the outcomes by plan name and whether the user interrupted."""
-    outcomes, interrupted = run_plans(plans, parallel, progress, [p.name for p in plans])
+    executor decides). Returns the outcomes by plan name and whether the user interrupted (or `stop` was set).
+    recorded: the results of plans run by another call (EnginePlan.after may name them), shared with it."""
+    outcomes, interrupted = run_plans(plans, parallel, progress, [p.name for p in plans], recorded, stop)
     return {plan.name: outcome for plan, outcome in zip(plans, outcomes, strict=True)}, interrupted
 
 
-def run_plans(plans: list[EnginePlan], parallel: int | None, progress: Progress,
-              labels: list[str]) -> tuple[list[EngineOutcome], bool]:
+def run_plans(plans: list[EnginePlan], parallel: int | None, progress: Progress, labels: list[str],
+              recorded: Recorded | None = None,
+              stop: threading.Event | None = None) -> tuple[list[EngineOutcome], bool]:
     """Run plans of one or several scenarios on the current executor; each reports progress under its label.
-    Returns the outcomes in plan order and whether the user interrupted."""
+    Returns the outcomes in plan order and whether the user interrupted: Ctrl-C in the main thread, or `stop` set
+    from another thread (a call running in a thread of its own gets no KeyboardInterrupt)."""
     executor = choice.current()
     executor.check({plan.name: plan.resources for plan in plans})
     workers = executor.workers
     waiting: list[EngineRun] = []
-    recorded = Recorded()
+    recorded = recorded or Recorded()
     runs = [EngineRun(plan, progress, executor, label, workers, lambda: {r.plan.load_key for r in waiting}, recorded)
             for plan, label in zip(plans, labels, strict=True)]
     slots = max(1, parallel or executor.parallel(plans))
@@ -252,6 +255,8 @@ def run_plans(plans: list[EnginePlan], parallel: int | None, progress: Progress,
     interrupted = False
     try:
         while waiting or running:
+            if stop is not None and stop.is_set():
+                raise KeyboardInterrupt
             while waiting and len(running) < slots:
                 run = next_to_start(waiting, running.values(), workers, parallel is not None)
                 if run is None:  # the next engines wait for the worker of their kind

@@ -21,25 +21,24 @@ from harness import models
 from harness.compare.own_top1 import TIE
 from harness.core.errors import ConfigError
 from harness.core.types import Result, TraceRequest, TraceResult
-from harness.executors.engine_runs import Progress, run_engines
+from harness.executors.engine_runs import EngineOutcome, Progress, run_engines
 from harness.explain.adapter_reading import compare as compare_updates
 from harness.explain.adapter_reading import norms as adapter_norms
 from harness.explain.adapter_reading import tolerance as update_tolerance
+from harness.explain.early_passes import EarlyPasses
 from harness.explain.kept_rows import keep_rows
 from harness.explain.length_passes import length_dependent_rope, prefix_requests, reread
 from harness.explain.localise import Divergence, Localisation, localise
 from harness.explain.routing import classify, compare_routes, read_routes
 from harness.explain.trace_diff import against_floor, compare_traces, first_out, metrics_frame, summarize, top2
-from harness.explain.trace_passes import FORCED, plan_passes
+from harness.explain.trace_passes import FORCED, explained_engines, noise_floor_dtype, plan_passes, trace_request
+from harness.plan.plans import EnginePlan
 from harness.run.outcome import RunOutcome
 from harness.rundir.store import write_json
 from harness.rundir.tables import read_results, read_steps, write_parquet
 from harness.rundir.traces import Trace
 from harness.scenario.prompts import load_tokenizer
-from harness.scenario.spec import LoadedScenario
 from harness.semantics.meaning import explain_differences, param_differences
-
-FLOOR_DTYPE = {"float32": "float64", "bfloat16": "float32", "float16": "float32"}
 
 
 @dataclass
@@ -63,26 +62,13 @@ def choose_cases(outcome: RunOutcome, requested: list[str] | None) -> list[str]:
     return [c for c in all_ids if c in off] or all_ids[:1]
 
 
-def explained_engines(scenario: LoadedScenario) -> tuple[list[str], list[str]]:
-    """The engines explain traces (per-layer capture) and those it scores instead (teacher-forced top-k logprobs)."""
-    traceable = [n for n in scenario.spec.engines if scenario.description(n).capabilities.traces]
-    scorable = [n for n in scenario.spec.engines if n not in traceable
-                and scenario.description(n).capabilities.scores]
-    return traceable, scorable
-
-
-def floor_dtype(reference_engine: str, dtype: str) -> str | None:
-    """The higher precision the reference runs in for the noise floor; None when that engine cannot run it."""
-    higher = FLOOR_DTYPE[dtype]
-    return higher if higher in registry.describe(reference_engine).capabilities.dtypes else None
-
-
 def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None, parallel: int,
                 progress: Progress,
                 on_start: Callable[[list[str], list[str]], None] = lambda names, cases: None,
-                keep_traces: bool = False) -> ExplainOutcome:
+                keep_traces: bool = False, early: EarlyPasses | None = None) -> ExplainOutcome:
     """Trace the chosen cases in every engine, compare, localise, and write explain/ (keep_traces: every trace
-    whole in the run directory too; by default only what harness.explain.kept_rows keeps)."""
+    whole in the run directory too; by default only what harness.explain.kept_rows keeps). early: the reference's
+    and the floor's passes, started during the run (used when they trace the same cases)."""
     scenario, run_dir = outcome.scenario, outcome.run_dir
     spec, ref = scenario.spec, scenario.spec.reference
     k = k or spec.explain.k
@@ -96,8 +82,7 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
         if row["status"] != "ok":
             notes.append(f"{case_id}: not explained: the reference failed ({row['error']})")
             continue
-        ids = [int(t) for t in (*row["prompt_ids"], *row["token_ids"])]
-        requests.append(TraceRequest(case_id=case_id, token_ids=ids, prompt_len=len(row["prompt_ids"])))
+        requests.append(trace_request(case_id, row["prompt_ids"], row["token_ids"]))
     traceable, scorable = explained_engines(scenario)
     notes += [f"{n}: not traced ({spec.engines[n].engine} engines cannot capture activations): its verdict-level "
               "reasoning is given instead" + (", with its teacher-forced top-k logprobs" if n in scorable else "")
@@ -107,14 +92,18 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
         raise ConfigError(f"explain needs a reference engine that can be traced ({', '.join(able)}); '{ref}' is "
                           f"{spec.engines[ref].engine}: make one of those the reference")
     dtype = spec.engine_dtype(ref)
-    high = floor_dtype(spec.engines[ref].engine, dtype)
+    high = noise_floor_dtype(spec.engines[ref].engine, dtype)
     if not high:
         notes.append(f"noise floor: {spec.engines[ref].engine} cannot run float64, so the floor is float32's "
                      "rounding unit alone")
-    passes = plan_passes(scenario, run_dir, requests, traceable, scorable, high, keep_traces, parallel)
+    started = early is not None and early.matches(requests)
+    if early is not None and not started:  # traced other cases (none where the reference failed): not needed
+        early.close()
+    passes = early.passes if started else plan_passes(scenario, run_dir, requests, traceable, scorable, high,
+                                                       keep_traces, parallel)
     try:
         on_start([p.name for p in passes.plans], [r.case_id for r in requests])
-        outcomes, interrupted = run_engines(passes.plans, parallel, progress)
+        outcomes, interrupted = _run_passes(passes.plans, early if started else None, parallel, progress)
         traces = {(name, cid): result for name, o in outcomes.items() for cid, result in o.results.items()}
         reference_folder = models.resolve(spec.reference_model, dtype, str(scenario.path))
         tokenizer = load_tokenizer(reference_folder)
@@ -143,12 +132,31 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
     meta = {"k": k, "floor": passes.floor_name or "dtype rounding unit", "cases": [r.case_id for r in requests],
             "engines": {n: {"load_s": o.load_s, "model_loads": o.model_loads, "versions": o.versions}
                         for n, o in outcomes.items()},
+            "during_run": {"passes": early.names, "beside": early.beside} if started else None,
             "notes": notes, "localisations": [loc.model_dump() for loc in localisations]}
     write_json(explain_dir / "localisation.json", meta)
     from harness.explain.localisation_report import write_markdown
 
     write_markdown(explain_dir / "summary.md", scenario.name, run_dir.name, meta, decode)
     return ExplainOutcome(localisations, explain_dir, notes, interrupted)
+
+
+def _run_passes(plans: list[EnginePlan], early: EarlyPasses | None, parallel: int,
+                progress: Progress) -> tuple[dict[str, EngineOutcome], bool]:
+    """Run the passes not started during the run beside those that were, then wait for both; outcomes by plan name,
+    in plan order."""
+    if early is None:
+        return run_engines(plans, parallel, progress)
+    early.attach(progress)
+    rest = [p for p in plans if p.name not in early.names]
+    try:
+        outcomes, interrupted = run_engines(rest, parallel, progress, early.recorded)
+    except BaseException:
+        early.join(abort=True)
+        raise
+    done, stopped = early.join(abort=interrupted)
+    both = {**done, **outcomes}
+    return {p.name: both[p.name] for p in plans if p.name in both}, interrupted or stopped
 
 
 @dataclass

@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from adapters import registry
 from harness.core.types import TraceRequest
 from harness.executors import choice
 from harness.executors.start_next import usable_cores
@@ -27,6 +28,7 @@ from harness.plan.plans import EnginePlan, LoadKey, engine_load_key, engine_plan
 from harness.rundir.traces import trace_file_name
 from harness.scenario.spec import LoadedScenario
 
+FLOOR_DTYPE = {"float32": "float64", "bfloat16": "float32", "float16": "float32"}
 RAM_FOLDER = Path("/dev/shm")
 RAM_NEEDED = 4 << 30  # free bytes a RAM folder must have to hold the scratch traces (else they go to the run dir)
 
@@ -47,6 +49,26 @@ class TracePasses:
     def remove_scratch(self) -> None:
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def explained_engines(scenario: LoadedScenario) -> tuple[list[str], list[str]]:
+    """The engines explain traces (per-layer capture) and those it scores instead (teacher-forced top-k logprobs)."""
+    traceable = [n for n in scenario.spec.engines if scenario.description(n).capabilities.traces]
+    scorable = [n for n in scenario.spec.engines if n not in traceable
+                and scenario.description(n).capabilities.scores]
+    return traceable, scorable
+
+
+def noise_floor_dtype(reference_engine: str, dtype: str) -> str | None:
+    """The higher precision the reference runs in for the noise floor; None when that engine cannot run it."""
+    higher = FLOOR_DTYPE[dtype]
+    return higher if higher in registry.describe(reference_engine).capabilities.dtypes else None
+
+
+def trace_request(case_id: str, prompt_ids: list[int], token_ids: list[int]) -> TraceRequest:
+    """A case's traced pass: the prompt and the reference's generated tokens, fed to every engine at once."""
+    return TraceRequest(case_id=case_id, token_ids=[int(t) for t in (*prompt_ids, *token_ids)],
+                        prompt_len=len(prompt_ids))
 
 
 def loads_reused(scenario: LoadedScenario, traceable: list[str], scorable: list[str]) -> list[LoadKey]:
@@ -82,9 +104,12 @@ def reference_threads(scenario: LoadedScenario, parallel: int) -> int:
 
 
 def plan_passes(scenario: LoadedScenario, run_dir: Path, requests: list[TraceRequest], traceable: list[str],
-                scorable: list[str], floor_dtype: str | None, keep_traces: bool, parallel: int) -> TracePasses:
+                scorable: list[str], floor_dtype: str | None, keep_traces: bool, parallel: int,
+                free_threads: int | None = None) -> TracePasses:
     """The plans of explain's passes: the traceable engines', the scorable ones' (teacher-forced top-k logprobs),
-    and the noise floor's (the reference in floor_dtype); `parallel` engines run at once."""
+    and the noise floor's (the reference in floor_dtype); `parallel` engines run at once. free_threads: the threads
+    the reference's pass may take now (its pass starts while the run's other engines still go:
+    harness.explain.early_passes)."""
     ref = scenario.spec.reference
     compared = choice.current().name == "local"
     threads = reference_threads(scenario, parallel) if compared else None
@@ -100,8 +125,10 @@ def plan_passes(scenario: LoadedScenario, run_dir: Path, requests: list[TraceReq
                                      "keep": None if keep_traces else keep,
                                      "trace_dir": str(scratch / name) if scratch else None}) for r in requests]
 
-    ref_requests = [r.model_copy(update={"trace_dir": str(scratch / ref) if scratch else None, "threads": threads})
-                    for r in requests]
+    ref_threads = max(scenario.spec.engine_threads(ref), min(threads, free_threads)) if threads and free_threads \
+        else threads
+    ref_requests = [r.model_copy(update={"trace_dir": str(scratch / ref) if scratch else None,
+                                         "threads": ref_threads}) for r in requests]
     passes.plans.append(engine_plan(scenario, ref, run_dir, ref_requests, op="trace"))
     for name in traceable:
         if name != ref:

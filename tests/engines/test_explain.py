@@ -113,15 +113,19 @@ def test_explain_keeps_the_logits_and_the_first_divergent_layers_rows_and_loads_
     assert run_loads == {"hf": 1, "v-fault": 1, "mlp-fault": 1}, run_loads
 
 
-def test_the_references_passes_take_the_commands_thread_budget(planted: ParityRun) -> None:
-    """The other engines wait for the reference's traced pass, and the float64 floor's pass is the longest: both
-    use every thread the command may (engines at once x threads each, here the machine's cores at most); the
-    others keep their own."""
+def test_the_references_passes_start_during_the_run_on_the_threads_it_leaves(planted: ParityRun) -> None:
+    """Its one case is known before the verdicts: the reference's traced pass and the float64 floor's start as soon
+    as the reference has answered, in its worker, beside the run's engines still going. The reference's pass takes
+    the threads those leave (every other pass waits for it), the floor's, the longest, the command's whole budget
+    (engines at once x threads each, here the machine's cores at most); the others keep their own."""
+    during = json.loads((planted.run_dir / "explain" / "localisation.json").read_text())["during_run"]
+    assert during["passes"] == ["hf", "hf@float64"] and set(during["beside"]) <= {"v-fault", "mlp-fault"}
     budget = int(usable_cores())  # --parallel defaults to cores / threads (1 here): cores x 1
     used = {engine: [json.loads(line)["threads"] for line in
                      (planted.run_dir / "engines" / engine / "traces.jsonl").read_text().splitlines()]
             for engine in ("hf", "hf@float64", "v-fault")}
-    assert used == {"hf": [budget], "hf@float64": [budget], "v-fault": [1, 1]}, used
+    free = max(1, budget - len(during["beside"]))
+    assert used == {"hf": [free], "hf@float64": [budget], "v-fault": [1, 1]}, used
 
 
 @pytest.fixture(scope="module")
