@@ -9,10 +9,12 @@
    processes, ru_maxrss). Target: within 300 MB.
 3. `parity explain` of a one-case HF-vs-vLLM scenario vs `parity run` of it, wall time of the whole command
    (model loads, the noise-floor engine and the localisation included), and each command's CPU: the harness
-   process's own apart from its engine processes'. Target <= 1.3x (issue 56). With --model gemma3-270m
-   (a 262,144-token vocabulary: one float32 logits row is 1 MB), the peak RSS of the harness process and of each
-   engine process during both commands, sampled from /proc (targets: harness <= 1 GB, any process <= 4 GB), and the
-   explain's run directory on disk.
+   process's own apart from its engine processes'. Target <= 1.3x (issue 56). Beside it, the least time any schedule
+   of the explain's passes could take on this machine, from each pass's cost at one thread measured in part 1 (the
+   noise floor's too: the reference in float64, loaded where the reference was, compared with its trace).
+   With --model gemma3-270m (a 262,144-token vocabulary: one float32 logits row is 1 MB), the peak RSS of the
+   harness process and of each engine process during both commands, sampled from /proc (targets: harness <= 1 GB,
+   any process <= 4 GB), and the explain's run directory on disk.
    Past 256 positions the case is a long prompt and 32 generated tokens.
 
 Usage: python benchmarks/trace_overhead.py [--model smollm2-135m|gemma3-270m] [--positions 128] [--repeats 1]
@@ -36,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness import models  # noqa: E402
 from harness.core.processes import worker_env  # noqa: E402
+from harness.executors.start_next import usable_cores  # noqa: E402
 from harness.scenario.prompts import load_tokenizer  # noqa: E402
 
 PROMPT = "Once upon a time, in a small village by the sea,"
@@ -56,9 +59,22 @@ if __name__ == "__main__":
     from harness.scenario.prompts import load_tokenizer
     from harness.core.vocabulary import SamplingParams
     from harness.core.types import EngineSetup, Request, TraceRequest
-    engine_name, model_path, positions, trace, workdir = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), \\
-        sys.argv[4] == "trace", Path(sys.argv[5])
-    prompt = load_tokenizer(model_path).encode(sys.argv[6])
+    engine_name, model_path, positions, mode, workdir = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), \\
+        sys.argv[4], Path(sys.argv[5])
+    prompt, trace = load_tokenizer(model_path).encode(sys.argv[6]), mode == "trace"
+    if mode == "floor":  # the noise floor's pass as explain makes it: the reference's model in float64, loaded in the
+        # worker the reference's engine was loaded in, compared with the reference's trace (argv[7]) as it is captured
+        reference = EngineSetup(name=engine_name, model_path=model_path, dtype="float32", workdir=workdir)
+        describe(engine_name).engine(reference).close()
+        setup = EngineSetup(name="floor", model_path=model_path, dtype="float64", workdir=workdir, trace=True)
+        started = time.perf_counter()
+        engine = describe(engine_name).engine(setup)
+        load_s, started = time.perf_counter() - started, time.perf_counter()
+        request = TraceRequest(case_id="case", token_ids=json.loads(sys.argv[8]), prompt_len=len(prompt),
+                               against=sys.argv[7], keep=[], trace_dir=str(workdir))
+        next(iter(engine.trace([request])))
+        print("RESULT " + json.dumps({"load_s": load_s, "trace_s": time.perf_counter() - started}), flush=True)
+        sys.exit(0)
     setup = EngineSetup(name=engine_name, model_path=model_path, dtype="float32", workdir=workdir, trace=trace)
     engine = describe(engine_name).engine(setup)
     params = SamplingParams(temperature=0, max_new_tokens=max(1, positions - len(prompt)), ignore_eos=True)
@@ -74,7 +90,8 @@ if __name__ == "__main__":
         with profile:
             traced = next(iter(engine.trace([forced])))
         out.update(trace_s=time.perf_counter() - started, points=len(traced.points),
-                   trace_mb=Path(traced.path).stat().st_size / 2**20, trace_where=where_time_goes(profile))
+                   trace_mb=Path(traced.path).stat().st_size / 2**20, trace_where=where_time_goes(profile),
+                   path=traced.path, token_ids=forced.token_ids)
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(out), flush=True)
     engine.close()
@@ -114,14 +131,15 @@ def plain_vllm_peak_mb(model_path: Path, positions: int, prompt: str) -> float:
     return float(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT ")).split()[1])
 
 
-def child(engine: str, model_path: Path, positions: int, mode: str, workdir: Path, prompt: str) -> dict:
+def child(engine: str, model_path: Path, positions: int, mode: str, workdir: Path, prompt: str,
+          *floor_args: str) -> dict:
     env = worker_env(threads=1)
     if engine == "vllm":
         from adapters.engines.vllm_offline import Options, prepare_env, socket_dir
 
         env.update(prepare_env(workdir, Options(), socket_dir(workdir)))
     proc = subprocess.run([sys.executable, "-c", CHILD, engine, str(model_path), str(positions), mode, str(workdir),
-                           prompt], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+                           prompt, *floor_args], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     return json.loads(line.removeprefix("RESULT "))
 
@@ -207,6 +225,24 @@ def _megabytes(folder: Path) -> float:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20
 
 
+def best_schedule(passes: dict[str, dict], floor: dict, run_dir: Path, run_s: float) -> str:
+    """The least wall time any schedule of explain's work could take here: the run, then the passes' CPU at one
+    thread's efficiency (the reference's, vLLM's, the float64 floor's load and pass, as measured above) spread over
+    the cores, less the core the reference's worker leaves idle from its answer to the run's end (vLLM, the slower
+    engine, still runs). Compare, write and the workers' end are left out: a bound, not an estimate."""
+    meta = json.loads((run_dir / "run.json").read_text())
+    phases = meta["engines"][meta["reference"]]["phases"]
+    answered = sum(phases[k] for k in ("process_start_s", "imports_s", "load_s", "generate_s"))
+    cores = usable_cores()
+    idle = max(0.0, (cores - 1) * (meta["phases"]["engines_s"] - answered))
+    work = passes["hf"]["trace_s"] + passes["vllm"]["trace_s"] + floor["load_s"] + floor["trace_s"]
+    best = run_s + max(0.0, work - idle) / cores
+    return (f"no schedule of explain's passes beats {best:.1f} s here, ratio {best / run_s:.2f}: {work:.1f} s of CPU "
+            f"at one thread each (hf {passes['hf']['trace_s']:.1f}, vllm {passes['vllm']['trace_s']:.1f}, float64 "
+            f"floor {floor['load_s']:.1f} + {floor['trace_s']:.1f}) on {cores:g} cores, {idle:.1f} s of a core idle in "
+            "the run after the reference's answer")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m", choices=["smollm2-135m", "gemma3-270m"])
@@ -217,12 +253,18 @@ def main() -> None:
     prompt = long_prompt(model_path, args.positions - GENERATED) if args.positions > 256 else PROMPT
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
+        passes = {}
         for engine in ("hf", "vllm"):
-            r = child(engine, model_path, args.positions, "trace", tmp_path / f"{engine}-traced", prompt)
+            r = passes[engine] = child(engine, model_path, args.positions, "trace", tmp_path / f"{engine}-traced",
+                                       prompt)
             print(f"{engine}: untraced generation {r['generate_s']:.2f} s | traced teacher-forced pass "
                   f"{r['trace_s']:.2f} s ({r['points']} points, {r['trace_mb']:.0f} MB) | ratio "
                   f"{r['trace_s'] / r['generate_s']:.2f} (target <= 1.5) | peak RSS {r['peak_rss_mb']:.0f} MB\n"
                   f"  generation: {r['generate_where']}\n  traced pass: {r['trace_where']}", flush=True)
+        floor = child("hf", model_path, args.positions, "floor", tmp_path / "floor", prompt, passes["hf"]["path"],
+                      json.dumps(passes["hf"]["token_ids"]))
+        print(f"hf in float64 (the noise floor): load in an engine's worker {floor['load_s']:.2f} s | traced pass "
+              f"compared with hf's trace as captured {floor['trace_s']:.2f} s", flush=True)
         plain = child("hf", model_path, args.positions, "plain", tmp_path / "hf-plain", prompt)
         traced = child("hf", model_path, args.positions, "trace", tmp_path / "hf-traced-rss", prompt)
         print(f"hf worker peak RSS: untraced {plain['peak_rss_mb']:.0f} MB | generate + trace "
@@ -246,6 +288,7 @@ def main() -> None:
             print(f"  peak RSS during explain: {explain_peaks}", flush=True)
             print(f"  explain's run directory: {_megabytes(next((tmp_path / f'explain{i}').iterdir()))} MB on disk",
                   flush=True)
+            print(f"  {best_schedule(passes, floor, next((tmp_path / f'run{i}').iterdir()), run_s)}", flush=True)
 
 
 if __name__ == "__main__":
