@@ -19,17 +19,21 @@ from harness.executors import choice
 from harness.executors.engine_runs import EngineOutcome, Progress, Recorded, run_engines
 from harness.executors.start_next import usable_cores
 from harness.explain.trace_passes import TracePasses, explained_engines, noise_floor_dtype, plan_passes, trace_request
-from harness.plan.plans import EnginePlan
+from harness.plan.plans import EnginePlan, engine_load_key
 from harness.rundir.journal import JOURNAL, read_journal
 from harness.scenario.spec import LoadedScenario
 
 
 def known_cases(scenario: LoadedScenario, requested: list[str] | None) -> list[str] | None:
     """The cases explain will trace, where they are known before the run's verdicts: the requested ones, or the only
-    case of a one-case scenario; None when the verdicts choose them, or when one is decoded by beam search (explained
-    from the beams, not traced)."""
+    case of a one-case scenario; None when the verdicts choose them, when one is decoded by beam search (explained
+    from the beams, not traced), or when the run's drift verdicts take the reference's loaded model after the run
+    (its passes would then load it a second time)."""
     cases = requested or ([c.case_id for c in scenario.cases] if len(scenario.cases) == 1 else None)
-    if not cases or set(cases) & set(beam_cases(scenario)):
+    spec = scenario.spec
+    drifting = {name for name in spec.engines if spec.drift_baseline(name) in spec.engines}
+    if not cases or set(cases) & set(beam_cases(scenario)) or drifting & {spec.reference} or \
+            spec.reference in {spec.drift_baseline(name) for name in drifting}:
         return None
     return cases
 
@@ -51,9 +55,11 @@ class EarlyPasses:
         self.names: list[str] = []  # the plans started here
         self.beside: list[str] = []  # the run's engines still going when they started
         self.thread: threading.Thread | None = None
+        self.ended = threading.Event()  # set when the thread's passes have ended
         self.outcomes: dict[str, EngineOutcome] = {}
         self.interrupted = False
         self.error: BaseException | None = None
+        self.not_started = ""  # why the passes could not start during the run (a fault of the harness), for a note
         self.lock = threading.Lock()  # the run's events
         self.shown = threading.Lock()  # the passes' events, kept until explain's display is attached
         self.buffered: list[tuple[str, str]] = []
@@ -73,35 +79,42 @@ class EarlyPasses:
                 if self.scenario is not None and label == self.scenario.spec.reference and self.passes is None:
                     try:
                         self._start()
-                    except Exception:  # noqa: BLE001 - not started: explain_run plans every pass after the run
-                        self.close()  # and says what went wrong
-                        self.passes = None
+                    except Exception as exc:  # noqa: BLE001 - in an engine's thread of the run: not started, every
+                        self.close()  # pass runs after the run instead, and explain notes why
+                        self.passes, self.not_started = None, f"{type(exc).__name__}: {exc}"
 
     def _start(self) -> None:
         scenario, ref = self.scenario, self.scenario.spec.reference
         traceable, scorable = explained_engines(scenario)
-        if ref not in traceable or choice.current().name != "local":
-            return
+        pool = choice.current().workers
+        if ref not in traceable or choice.current().name != "local" or len(self.running) >= self.parallel:
+            return  # (the command's engines at once are running already)
+        if pool is None or not pool.holds(engine_load_key(scenario, ref)):
+            return  # its model is not kept loaded: it was stopped (Ctrl-C), or memory is short
         answers, _ = read_journal(self.run_dir / "engines" / ref / JOURNAL)
         requests = [trace_request(c, answers[c].prompt_ids, answers[c].token_ids) for c in self.cases
                     if c in answers and answers[c].status == "ok"]
         if len(requests) != len(self.cases):  # explain_run says which case the reference failed
             return
         self.requests, self.beside = requests, sorted(self.running)
-        busy = sum(scenario.spec.engine_threads(name) for name in self.running)
+        # an invariance configuration runs under its engine's name and a suffix (harness.plan.invariance_checks)
+        busy = sum(scenario.spec.engine_threads(label.split("~", 1)[0]) for label in self.running)
         high = noise_floor_dtype(scenario.spec.engines[ref].engine, scenario.spec.engine_dtype(ref))
         self.passes = plan_passes(scenario, self.run_dir, requests, traceable, scorable, high, self.keep_traces,
                                   self.parallel, free_threads=max(1, int(usable_cores()) - busy))
         early = [p for p in self.passes.plans if p.name in (ref, self.passes.floor_name)]
         self.names = [p.name for p in early]
-        self.thread = threading.Thread(target=self._run, args=(early,), name="explain's first passes", daemon=True)
-        self.thread.start()
+        thread = threading.Thread(target=self._run, args=(early,), name="explain's first passes", daemon=True)
+        thread.start()
+        self.thread = thread
 
     def _run(self, plans: list[EnginePlan]) -> None:
         try:
             self.outcomes, self.interrupted = run_engines(plans, 1, self._progress, self.recorded, self.stop)
         except BaseException as exc:  # raised again in the thread that joins
             self.error = exc
+        finally:
+            self.ended.set()
 
     def _progress(self, name: str, event: str) -> None:
         with self.shown:
@@ -112,11 +125,11 @@ class EarlyPasses:
 
     def attach(self, progress: Progress) -> None:
         """explain's progress display: the events so far, then each as it comes."""
-        with self.shown:
+        with self.shown:  # replayed before any later event can be shown
             self.progress = progress
-            events, self.buffered = self.buffered, []
-        for name, event in events:
-            progress(name, event)
+            for name, event in self.buffered:
+                progress(name, event)
+            self.buffered = []
 
     def matches(self, requests: list[TraceRequest]) -> bool:
         """Whether the passes started here trace exactly these requests (explain_run's, from the judged run)."""
@@ -129,16 +142,21 @@ class EarlyPasses:
             return {}, False
         if abort:
             self.stop.set()
-        self.thread.join()
+        try:
+            self.ended.wait()
+        except KeyboardInterrupt:  # Ctrl-C while waiting: the passes stop, what they finished is kept (an event,
+            self.stop.set()  # not Thread.join: a join Ctrl-C interrupted may return at once the next time)
+            self.ended.wait()
         if self.error is not None:
             raise self.error
         return self.outcomes, self.interrupted
 
-    def close(self) -> None:
-        """Stop the passes if still running (the command ends early: interrupted, or an error) and remove their
-        scratch folder; explain_run, when it took them, has joined them already."""
+    def close(self, abort: bool = True) -> None:
+        """Stop the passes if still running (abort: the command ends early, interrupted or failing; else let them
+        end) and remove their scratch folder; explain_run, when it took them, has joined them already."""
         if self.thread is not None:
-            self.stop.set()
-            self.thread.join()
+            if abort:
+                self.stop.set()
+            self.ended.wait()
         if self.passes is not None:
             self.passes.remove_scratch()

@@ -97,8 +97,11 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
         notes.append(f"noise floor: {spec.engines[ref].engine} cannot run float64, so the floor is float32's "
                      "rounding unit alone")
     started = early is not None and early.matches(requests)
-    if early is not None and not started:  # traced other cases (none where the reference failed): not needed
-        early.close()
+    if early is not None and not started:  # they trace other cases than these: not used, their folder removed
+        early.close(abort=False)
+        if early.not_started:
+            notes.append(f"the reference's passes could not start during the run ({early.not_started}): they ran "
+                         "after it")
     passes = early.passes if started else plan_passes(scenario, run_dir, requests, traceable, scorable, high,
                                                        keep_traces, parallel)
     try:
