@@ -32,8 +32,8 @@ def known_cases(scenario: LoadedScenario, requested: list[str] | None) -> list[s
     cases = requested or ([c.case_id for c in scenario.cases] if len(scenario.cases) == 1 else None)
     spec = scenario.spec
     drifting = {name for name in spec.engines if spec.drift_baseline(name) in spec.engines}
-    if not cases or set(cases) & set(beam_cases(scenario)) or drifting & {spec.reference} or \
-            spec.reference in {spec.drift_baseline(name) for name in drifting}:
+    drift_passes = drifting | {spec.drift_baseline(name) for name in drifting}  # (harness.run.drift_passes)
+    if not cases or set(cases) & set(beam_cases(scenario)) or spec.reference in drift_passes:
         return None
     return cases
 
