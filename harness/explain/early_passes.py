@@ -86,9 +86,9 @@ class EarlyPasses:
     def _start(self) -> None:
         scenario, ref = self.scenario, self.scenario.spec.reference
         traceable, scorable = explained_engines(scenario)
-        pool = choice.current().workers
-        if ref not in traceable or choice.current().name != "local" or len(self.running) >= self.parallel:
+        if ref not in traceable or len(self.running) >= self.parallel:
             return  # (the command's engines at once are running already)
+        pool = choice.current().workers  # None on a Ray cluster: no worker outlives its engine there
         if pool is None or not pool.holds(engine_load_key(scenario, ref)):
             return  # its model is not kept loaded: it was stopped (Ctrl-C), or memory is short
         answers, _ = read_journal(self.run_dir / "engines" / ref / JOURNAL)
