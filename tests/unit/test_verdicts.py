@@ -90,6 +90,16 @@ def test_runner_up_within_the_measured_noise_is_a_benign_tie(tmp_path: Path) -> 
     assert verdict(tmp_path, ref, tie, expect="exact").expected is False
 
 
+def test_a_three_way_tie_names_the_rank_the_engines_token_had(tmp_path: Path) -> None:
+    ref = result("ref", [5, 6, 7], [-0.1, -1.0, -0.2], [[5, 9, 3], [6, 8, 9], [7, 3, 4]],
+                 [[-0.1, -3, -4], [-1.0, -1.0, -1.0], [-0.2, -3, -4]])
+    third = result("other", [5, 9, 7], [-0.09, -0.9, -0.2], [[5, 9, 3], [9, 6, 8], [7, 3, 4]],
+                   [[-0.09, -3, -4], [-0.9, -1.0, -1.1], [-0.2, -3, -4]])
+    row = verdict(tmp_path, ref, third, expect="benign_ties")
+    assert row.verdict == "benign_tie" and row.expected
+    assert "near-tie: other's token is the reference's #3, 0 nats below its top <= tie margin 0.02" in row.explanation
+
+
 def test_a_greedy_token_that_is_not_the_engines_own_top1_names_sampler_semantics(tmp_path: Path) -> None:
     # the other engine's own raw logits rank 'six' first, yet it emitted 'eight': chosen after the logits
     other = result("other", [5, 8, EOS], [-0.1, -1.5, -0.2], [[5, 9], [6, 8], [EOS, 7]],
