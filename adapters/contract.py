@@ -151,6 +151,9 @@ class EngineDescription:
     # scenario's folder, whose rule the harness already holds the prompt ids to)
     own_bos: Callable[[Any], OwnBosRule | None] | None = None
     lora: LoraRules | None = None  # None: it cannot apply a LoRA adapter
+    # options -> whether this configuration puts the engine on a CUDA GPU, for an engine that runs on the CPU or a GPU
+    # as its options say (requirement.cuda: an engine that runs on a GPU only)
+    on_cuda: Callable[[Any], bool] | None = None
 
     @property
     def factory(self) -> str:
@@ -189,7 +192,9 @@ class EngineDescription:
         return request_knobs(name, parsed, self.capabilities.server)
 
     def needs_cuda(self, options: dict[str, Any]) -> bool:
-        return self.requirement.cuda and not options.get("url")
+        if options.get("url"):
+            return False
+        return self.requirement.cuda or bool(self.on_cuda and self.on_cuda(self.parse_options(options)))
 
     def dtype_problem(self, dtype: str, options: dict[str, Any]) -> str | None:
         """Why this engine cannot run the dtype (None: it can). An attached server runs whatever it was started with."""

@@ -1,16 +1,18 @@
-"""HF transformers engine: model.generate() on CPU, raw per-step logits -> top-k logprobs."""
+"""HF transformers engine: model.generate() on the CPU or a CUDA GPU (option device), raw per-step logits -> top-k
+logprobs."""
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from adapters.contract import (
     DTYPES,
@@ -41,6 +43,16 @@ class Options(InProcessOptions):
     # n-gram speculative decoding (HF's prompt-lookup decoding): draft this many tokens from the prompt per step;
     # one request at a time
     prompt_lookup: int | None = Field(None, ge=1, le=16)
+    # where the model and its inputs live: cuda is seed 001's `.cuda().half()` HF; logits and traces come back to the
+    # CPU as on cpu
+    device: str = "cpu"
+
+    @field_validator("device")
+    @classmethod
+    def _a_torch_device(cls, device: str) -> str:
+        if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", device):
+            raise ValueError(f"{device!r} is not a device HF runs on here: use cpu, cuda or cuda:N")
+        return device
 
     @model_validator(mode="after")
     def _lookup_needs_single_rows(self) -> Options:
@@ -153,8 +165,8 @@ class Engine:
             setup.model_path, dtype=getattr(torch, setup.dtype), attn_implementation=self.options.attn_implementation,
             **experts_kwargs(setup.model_path, setup.dtype))
         self.lora = setup.lora
-        self.model = with_adapter(self.model, setup.lora, setup.dtype).eval()
-        apply_patch(self.options.patch, self.model)
+        self.model = with_adapter(self.model, setup.lora, setup.dtype).eval().to(self.options.device)
+        apply_patch(self.options.patch, self.model)  # on the device: a fused projection is made of its weights
         self.capture: Capture | None = None  # hooks attached on the first trace: idle outside a traced pass
         self.eos_ids = set(as_list(self.model.generation_config.eos_token_id))
 
@@ -175,7 +187,10 @@ class Engine:
     def versions(self) -> dict[str, str]:
         import transformers
 
-        return {"transformers": transformers.__version__, "torch": self.torch.__version__}
+        versions = {"transformers": transformers.__version__, "torch": self.torch.__version__}
+        if self.options.device != "cpu":
+            versions.update(device=self.torch.cuda.get_device_name(self.options.device), cuda=self.torch.version.cuda)
+        return versions
 
     def translate(self, params: SamplingParams, top_logprobs: int) -> Translation:
         translation = translate(params)
@@ -216,7 +231,8 @@ class Engine:
             attention[row, width - len(request.prompt_ids):] = 1
         started = time.perf_counter()
         with torch.inference_mode():
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention, pad_token_id=self.pad_id,
+            out = self.model.generate(input_ids=input_ids.to(self.model.device),
+                                      attention_mask=attention.to(self.model.device), pad_token_id=self.pad_id,
                                       return_dict_in_generate=True, output_logits=True, **kwargs)
         elapsed = time.perf_counter() - started
         generated = out.sequences[:, width:]
@@ -244,7 +260,7 @@ class Engine:
         kwargs = generate_kwargs(translation.native_params, self.eos_ids, self.tokenizer)
         for unused in ("stop_strings", "tokenizer"):  # samples are drawn to max_new_tokens
             kwargs.pop(unused, None)
-        prompt = torch.tensor([request.prompt_ids])
+        prompt = torch.tensor([request.prompt_ids], device=self.model.device)
         started = time.perf_counter()
         if self.options.prompt_lookup:  # drafting works on one sequence at a time
             chunk = 1
@@ -257,8 +273,8 @@ class Engine:
                 cache = copy.deepcopy(prefix)
                 if rows > 1:
                     cache.batch_repeat_interleave(rows)
-                out = self.model.generate(input_ids=prompt.expand(rows, -1), past_key_values=cache,
-                                          attention_mask=torch.ones(rows, prompt.shape[1], dtype=torch.long),
+                mask = torch.ones(rows, prompt.shape[1], dtype=torch.long, device=prompt.device)
+                out = self.model.generate(input_ids=prompt.expand(rows, -1), past_key_values=cache, attention_mask=mask,
                                           pad_token_id=self.pad_id, **kwargs)
                 samples += out[:, prompt.shape[1]:].tolist()
         return Result(case_id=request.case_id, engine=self.name, status="ok", prompt_ids=request.prompt_ids,
@@ -322,7 +338,8 @@ class Engine:
                 if capture.arch.logits_only:
                     self._logits(capture, token_ids, logits_from)
                     return
-                hidden = self.model.base_model(input_ids=torch.tensor([token_ids]), use_cache=False)[0]
+                hidden = self.model.base_model(input_ids=torch.tensor([token_ids], device=self.model.device),
+                                               use_cache=False)[0]
                 if not capture.wants("logits"):
                     return
                 for start in range(logits_from, hidden.shape[1], LOGITS_SLICE):
@@ -352,7 +369,8 @@ class Engine:
         keep = len(token_ids) - logits_from
         extra = {"logits_to_keep": keep} if "logits_to_keep" in inspect.signature(self.model.forward).parameters \
             else {}
-        logits = self.model(input_ids=self.torch.tensor([token_ids]), use_cache=False, **extra).logits[0]
+        logits = self.model(input_ids=self.torch.tensor([token_ids], device=self.model.device), use_cache=False,
+                            **extra).logits[0]
         if capture.wants("logits"):
             capture.deliver("logits", logits[-keep:])
 
@@ -414,7 +432,8 @@ class HfRope:
 
 
 DESCRIPTION = EngineDescription(
-    name="hf", summary="HF transformers generate() on CPU", engine=Engine, options=Options,
+    name="hf", summary="HF transformers generate() on the CPU or a CUDA GPU (option device)", engine=Engine,
+    options=Options, on_cuda=lambda options: options.device != "cpu",
     requirement=Requirement(module="transformers", distribution="transformers"),
     capabilities=Capabilities(traces=True, samples=True, dtypes=(*DTYPES, "float64"), beam_search=True),
     batch_size=16,  # generate() keeps every step's logits of the batch: 16 rows of SmolLM2 x 32 steps are 100 MB

@@ -21,7 +21,7 @@ def generate_beams(model: Any, prompt_ids: list[int], native: dict[str, Any], pa
 
     kwargs = generate_kwargs(native, eos_ids, tokenizer)
     ends = set(eos_ids) | set(native.get("stop_token_ids") or [])
-    prompt = torch.tensor([prompt_ids])
+    prompt = torch.tensor([prompt_ids], device=model.device)
     with torch.inference_mode():
         out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), pad_token_id=pad_id,
                              return_dict_in_generate=True, output_scores=True, **kwargs, **extra)

@@ -203,7 +203,8 @@ def unavailable_engines(scenario: LoadedScenario, names: list[str], allow_missin
         spec = scenario.spec.engines[name]
         reason = incapable or registry.availability(scenario.description(name), spec.python, spec.options, device)
         if reason and (not allow_missing or (need_reference and name == scenario.spec.reference)):
-            raise EngineUnavailable(reason + ("" if allow_missing else " (or pass --allow-missing to skip it)"))
+            raise EngineUnavailable(f"{scenario.path}: engines.{name}: {reason}"
+                                    + ("" if allow_missing else " (or pass --allow-missing to skip it)"))
         if reason:
             missing[name] = reason
     return missing

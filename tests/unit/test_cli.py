@@ -100,6 +100,19 @@ def test_engine_missing_from_its_interpreter_exits_3(tmp_path: Path) -> None:
     assert "--allow-missing" in run.stderr and run.run_dir is None
 
 
+def test_hf_on_a_cuda_device_without_one_exits_3_naming_the_file_key_and_fix(tmp_path: Path) -> None:
+    scenario = write_scenario(tmp_path / "s.yaml", GOOD.replace("b: {engine: vllm}",
+                                                                "b: {engine: hf, options: {device: cuda}}"))
+    run = parity("run", str(scenario), out=tmp_path / "reports")
+    assert run.code == 3 and run.run_dir is None, run.stderr
+    assert (f"{scenario}: engines.b: engine hf needs a CUDA GPU (its options say device: cuda; device: cpu runs it "
+            "on the CPU): torch.cuda.is_available() is false in") in run.stderr
+    assert "--allow-missing" in run.stderr and "Traceback" not in run.stderr
+    wrong = write_scenario(tmp_path / "w.yaml", GOOD.replace("b: {engine: vllm}", "b: {engine: hf, options: "
+                                                                                   "{device: gpu}}"))
+    assert parity("run", str(wrong), out=tmp_path / "reports").code == 2
+
+
 def test_engines_lists_availability_and_capabilities_whole() -> None:
     run = parity_in_process("engines")
     assert run.code == 0
