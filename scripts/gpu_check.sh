@@ -14,8 +14,8 @@
 # answers "COLD MACHINE", the machine was given back between commands: start again at run 1. Outputs go to $OUT
 # (or gpu-out/ when unset): logs, run directories without traces, and summary.txt.
 #
-# The vLLM part (scripts/gpu/vllm_part.sh: vLLM 0.25.1 on CUDA against HF, float16 and bfloat16, eager and CUDA
-# graphs, one explain per dtype), on its own machine time:
+# The vLLM part (scripts/gpu/vllm_part.sh: vLLM 0.25.1 on CUDA against HF on the CPU and on CUDA, float16 and
+# bfloat16, eager and CUDA graphs, one explain per dtype), on its own machine time:
 #
 #   scripts/gpu_check.sh prepare-vllm   # here: gpu-carry/vllm/1..4, the plan printed, the parts checked
 #   scripts/gpu_check.sh run vllm 1     # there, carrying gpu-carry/vllm/1; then run vllm 2, 3, 4 carrying theirs

@@ -3,7 +3,7 @@ parity (false divergences), the server path giving per-step logprobs, pipeline-v
 fp16 temperature hazard did on this device.
 
 Usage: python scripts/gpu/summary.py REPORTS [--vllm] (--vllm: the vLLM part's runs: greedy verdicts per dtype, eager
-and CUDA graphs, and each explain's first divergent layer and component)
+and CUDA graphs, vLLM's tokens beside HF's on CUDA, and each explain's first divergent layer and component)
 """
 
 from __future__ import annotations
@@ -70,6 +70,38 @@ def hazard(reports: Path) -> list[str]:
     return lines
 
 
+def beside(reports: Path, scenario: str, base: str = "hf-cuda") -> list[str]:
+    """Each engine's tokens against BASE's (HF on the same GPU) rather than the reference's (HF on the CPU): the
+    cases where they agree, and where they part, the step and both tokens."""
+    run = latest(reports, scenario)
+    if run is None:
+        return []
+    results = read_parquet(run, "results.parquet")
+    ok = results[results.status == "ok"]
+    theirs = {r.case_id: [int(t) for t in r.token_ids] for r in ok[ok.engine == base].itertuples()}
+    if not theirs:
+        return [f"{scenario} beside {base}: {base} has no answers"]
+    reference = read_meta(run).reference
+    lines = []
+    for engine, rows in ok[~ok.engine.isin([base, reference])].groupby("engine", sort=False):
+        parted, same = [], 0
+        for row in rows.itertuples():
+            mine, base_ids = [int(t) for t in row.token_ids], theirs.get(row.case_id)
+            same += mine == base_ids
+            if base_ids is None or mine == base_ids:
+                continue
+            step = next((i for i, (a, b) in enumerate(zip(mine, base_ids)) if a != b), min(len(mine), len(base_ids)))
+            parted.append(f"{row.case_id} at step {step} (token {token_at(base_ids, step)} against "
+                          f"{token_at(mine, step)})")
+        lines.append(f"{scenario} {engine} beside {base}: same tokens in {same} of {len(rows)} cases"
+                     + (f"; parts: {', '.join(parted)}" if parted else ""))
+    return lines
+
+
+def token_at(ids: list[int], step: int) -> str:
+    return str(ids[step]) if step < len(ids) else "(end)"
+
+
 def explained(reports: Path, scenario: str) -> list[str]:
     """An explain's answer per engine: the first point that leaves the noise floor (layer and component), or why
     none does."""
@@ -93,12 +125,12 @@ def main() -> int:
         print(f"no run directories under {reports}")
         return 1
     meta = read_meta(any_run)
-    versions = {k: v for e in meta.engines.values() for k, v in e.versions.items() if k in ("lmdeploy", "vllm",
-                                                                                              "torch", "gpu", "cuda")}
+    shown = ("lmdeploy", "vllm", "torch", "gpu", "device", "cuda")
+    versions = {k: v for e in meta.engines.values() for k, v in e.versions.items() if k in shown}
     print(f"== GPU check summary ({', '.join(f'{k} {v}' for k, v in versions.items())})")
     if "--vllm" in sys.argv:
-        parts = [*greedy(reports, "gpu-vllm-fp16"), *explained(reports, "gpu-vllm-fp16"),
-                 *greedy(reports, "gpu-vllm-bf16"), *explained(reports, "gpu-vllm-bf16")]
+        parts = [line for scenario in ("gpu-vllm-fp16", "gpu-vllm-bf16") for line in
+                 (*greedy(reports, scenario), *beside(reports, scenario), *explained(reports, scenario))]
     else:
         parts = [*greedy(reports, "gpu-greedy-fp16"), *greedy(reports, "gpu-greedy-bf16"), *defaults(reports),
                  *hazard(reports)]

@@ -1,5 +1,6 @@
-# The vLLM part of the GPU check (sourced by scripts/gpu_check.sh): HF against vLLM 0.25.1 on CUDA, SmolLM2 in
-# float16 and bfloat16, greedy verdicts and one explain per dtype, vLLM eager and with CUDA graphs.
+# The vLLM part of the GPU check (sourced by scripts/gpu_check.sh): HF (on the CPU, the reference, and on CUDA) against
+# vLLM 0.25.1 on CUDA, SmolLM2 in float16 and bfloat16, greedy verdicts and one explain per dtype, vLLM eager and with
+# CUDA graphs.
 #
 #   scripts/gpu_check.sh prepare-vllm   # here, with PyPI: gpu-carry/vllm/1..4 (parts under 60 MiB), the plan printed
 #   scripts/gpu_check.sh run vllm 1     # there, carrying gpu-carry/vllm/1; then 2, 3, 4 at once, each carrying its
@@ -118,13 +119,13 @@ install_vllm() {
   step prepare 240 python3 -m harness models prepare smollm2-135m
 }
 
-check_vllm() {  # one dtype: HF (CPU) vs vLLM eager and with CUDA graphs, every case, and one case explained
+check_vllm() {  # one dtype: HF on the CPU (the reference) and on CUDA, vLLM eager and with CUDA graphs, every case;
+  # the cases that diverged explained (the first case when none did)
   local dtype=$1
   [ -f "$STATE/cache/models/smollm2-135m/float32/config.json" ] || { echo "COLD MACHINE: the model is gone"; exit 3; }
   environment
   mkdir -p "$OUT"
-  step "vllm-$dtype" 420 python3 -m harness explain "scripts/gpu/vllm-$dtype.yaml" --case story \
-    --out "$STATE/reports"
+  step "vllm-$dtype" 420 python3 -m harness explain "scripts/gpu/vllm-$dtype.yaml" --out "$STATE/reports"
 }
 
 run_vllm_last() {  # after the last part: bfloat16, then the summary
