@@ -1,10 +1,8 @@
 """Compare each engine with the reference, per case, vectorised over all cases of a run.
 
 Per (case, engine): first divergent step, chosen-token logprob |delta| over the steps both engines shared, and at the
-divergence step the reference's top-2 margin, how far below the reference's own token it ranked the engine's (the gap;
-negative where the reference drew a lower-ranked token, sampling), and whether each side's token is in the other's
-top-k (the rule vLLM's own tests use). Verdicts: match | benign_tie | diverged | engine_error. Knows nothing about
-engines.
+divergence step the reference's top-2 margin and whether each side's token is in the other's top-k (the rule vLLM's
+own tests use). Verdicts: match | benign_tie | diverged | engine_error. Knows nothing about engines.
 """
 
 from __future__ import annotations
@@ -47,10 +45,10 @@ def _pad_top(rows: list[list[list[float]]], width: int, k: int, fill, dtype) -> 
 
 def compare(reference: list[Result], other: list[Result]) -> pd.DataFrame:
     """Rows aligned by position: reference[i] and other[i] are the same case. Verdicts are match or diverged;
-    `tie_candidate` marks divergences where the engine took a token of the reference's top-k and the reference's
-    token is in the engine's top-k: apply_ties() turns those whose gap is within a margin into benign ties (the rule
-    invariance verdicts use). The gap, not the rank: with three tokens tied at the top (bfloat16 logits come in steps
-    of 1/8), the engine's may be the reference's third."""
+    `tie_candidate` marks divergences where the engine took the reference's runner-up and the reference's token is
+    in the engine's top-k: apply_ties() turns those within a margin into benign ties. The runner-up counts ties: a
+    token the reference gives the runner-up's logprob is one, whatever its place in the list (bfloat16 logits come in
+    steps of 1/8, and three tokens tied first are common)."""
     n = len(reference)
     ref_len = np.array([len(r.token_ids) for r in reference])
     oth_len = np.array([len(r.token_ids) for r in other])
@@ -82,9 +80,8 @@ def compare(reference: list[Result], other: list[Result]) -> pd.DataFrame:
     oth_in_ref_top = (ref_top == oth_tok[:, None]).any(axis=1) & (oth_tok != PAD)
     ref_in_oth_top = (oth_top == ref_tok[:, None]).any(axis=1) & (ref_tok != PAD)
     at_oth = ref_top == oth_tok[:, None]
-    with np.errstate(all="ignore"):  # no entry (the token is not in the reference's top-k): a gap of nan
-        gap = ref_lp[rows, step] - np.where(at_oth, ref_top_lp[rows, step], -np.inf).max(axis=1)
-    gap = np.where(oth_in_ref_top, gap, np.nan)
+    oth_ref_lp = np.where(at_oth, ref_top_lp[rows, step], -np.inf).max(axis=1)  # -inf: not in the reference's top-k
+    runner_up = oth_in_ref_top & (oth_ref_lp >= (ref_top_lp[rows, step, 1] if k > 1 else np.inf))
     verdict = np.where(diverged, "diverged", "match").astype(object)
     frame = pd.DataFrame({
         "case_id": [r.case_id for r in reference], "engine": [r.engine for r in other],
@@ -92,11 +89,10 @@ def compare(reference: list[Result], other: list[Result]) -> pd.DataFrame:
         "max_abs_logprob_delta": max_delta, "mean_abs_logprob_delta": mean_delta,
         "ref_token": np.where(diverged, ref_tok, PAD), "engine_token": np.where(diverged, oth_tok, PAD),
         "ref_top2_margin": np.where(diverged, margin, np.nan),
-        "engine_token_gap": np.where(diverged, gap, np.nan),
         "engine_token_ref_rank": np.where(diverged & oth_in_ref_top, at_oth.argmax(axis=1), -1),
         "engine_token_in_ref_topk": np.where(diverged, oth_in_ref_top, True),
         "ref_token_in_engine_topk": np.where(diverged, ref_in_oth_top, True),
-        "tie_candidate": diverged & oth_in_ref_top & ref_in_oth_top,
+        "tie_candidate": diverged & runner_up & ref_in_oth_top,
         "prompt_ids_equal": [r.prompt_ids == o.prompt_ids for r, o in zip(reference, other, strict=False)],
     })
     frame.loc[~frame["prompt_ids_equal"], "verdict"] = "diverged"
@@ -111,8 +107,7 @@ def noise_margin(frame: pd.DataFrame) -> float:
 
 
 def apply_ties(frame: pd.DataFrame, tie_margin: float) -> pd.DataFrame:
-    gap = frame["engine_token_gap"]
-    benign = frame["tie_candidate"] & (gap >= 0) & (gap <= tie_margin) & (frame["verdict"] == "diverged")
+    benign = frame["tie_candidate"] & (frame["ref_top2_margin"] <= tie_margin) & (frame["verdict"] == "diverged")
     frame.loc[benign, "verdict"] = "benign_tie"
     return frame
 

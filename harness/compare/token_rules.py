@@ -139,11 +139,11 @@ def _explain(row, ref: Result, other: Result, ref_params, other_params, decode: 
     if row.verdict == "match":
         text = f"identical {row.ref_len} tokens"
     elif row.verdict == "benign_tie":
-        tie = f"reference top-2 margin {row.ref_top2_margin:.3g}" if row.engine_token_ref_rank <= 1 else \
-            (f"{other.engine}'s token is the reference's #{row.engine_token_ref_rank + 1}, "
-             f"{row.engine_token_gap:.3g} nats below its top")
-        text = (f"diverged at step {row.first_divergence} on a near-tie: {tie} <= tie margin {tie_margin:.3g} nats; "
-                "each side's token is in the other's top-k")
+        tied = "" if row.engine_token_ref_rank <= 1 else \
+            f" ({other.engine}'s token, the reference's #{row.engine_token_ref_rank + 1}, ties with its runner-up)"
+        text = (f"diverged at step {row.first_divergence} on a near-tie: reference top-2 margin "
+                f"{row.ref_top2_margin:.3g} <= tie margin {tie_margin:.3g} nats{tied}; each side's token is in the "
+                "other's top-k")
     else:
         head = (f"diverged at step {row.first_divergence}: reference chose {_token(decode, row.ref_token)} "
                 f"(top-2 margin {row.ref_top2_margin:.3g}), {other.engine} chose {_token(decode, row.engine_token)} "

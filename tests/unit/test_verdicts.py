@@ -97,7 +97,8 @@ def test_a_three_way_tie_names_the_rank_the_engines_token_had(tmp_path: Path) ->
                    [[-0.09, -3, -4], [-0.9, -1.0, -1.1], [-0.2, -3, -4]])
     row = verdict(tmp_path, ref, third, expect="benign_ties")
     assert row.verdict == "benign_tie" and row.expected
-    assert "near-tie: other's token is the reference's #3, 0 nats below its top <= tie margin 0.02" in row.explanation
+    assert ("near-tie: reference top-2 margin 0 <= tie margin 0.02 nats (other's token, the reference's #3, ties "
+            "with its runner-up)") in row.explanation
 
 
 def test_a_greedy_token_that_is_not_the_engines_own_top1_names_sampler_semantics(tmp_path: Path) -> None:
