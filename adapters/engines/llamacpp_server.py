@@ -91,6 +91,7 @@ def command(setup: EngineSetup, port: int, options: Options, gguf: str, threads:
             "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx),
             "--n_batch", str(n_ctx), "--logits_all", "true", "--type_k", kv, "--type_v", kv,
             "--last_n_tokens_size", str(options.last_n_tokens), *betas,
+            "--interrupt_requests", "false",  # a request arriving would cut a streamed answer short (its default)
             *(["--lora_path", str(adapter_gguf(setup.model_path, Path(setup.lora.path)))] if setup.lora else []),
             *options.extra_args]
 

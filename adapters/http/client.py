@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,9 +208,10 @@ class Client:
         """Send one request; its answer is parsed by `parse` (default: every choice folded into one completion).
         A request changes nothing on the server, so what may be transient is retried, at most `retries` times with
         backoff (0.5 s, 1 s, 2 s ... capped at 8 s): a dropped connection, a body cut short, a 5xx answer, an answer
-        that does not parse. Not retried: a 4xx (the server refuses this request), no answer within the timeout (the
-        server may still be working on it: a retry would pile up on a stuck server), an answer that parses but cannot
-        be compared (logprobs missing for some tokens: a server that does that does it again)."""
+        that does not parse, a stream that ends without a finish reason. Not retried: a 4xx (the server refuses this
+        request), no answer within the timeout (the server may still be working on it: a retry would pile up on a
+        stuck server), an answer that parses but cannot be compared (logprobs missing for some tokens: a server that
+        does that does it again)."""
         url = self.url
         last = ""
         for attempt in range(self.retries + 1):
@@ -243,17 +244,27 @@ class Client:
             if not body.get("stream"):
                 _parse(response.read(), self.endpoint, out, parse)
                 return out
-            for line in response.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                before = len(out.text)
-                _parse(data, self.endpoint, out, parse)
-                if len(out.text) > before:
-                    out.deltas.append(out.text[before:])
+            read_stream(response.iter_lines(), self.endpoint, out, parse)
         return out
+
+
+def read_stream(lines: Iterable[str], endpoint: str, out: Completion, parse: Parse) -> None:
+    """Fold a streamed answer's server-sent events into `out`, each chunk's new text kept as a delta. A stream that
+    ends without a finish reason was cut short (every whole one ends with a chunk naming why): _Unreadable."""
+    for line in lines:
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            break
+        before = len(out.text)
+        _parse(data, endpoint, out, parse)
+        if len(out.text) > before:
+            out.deltas.append(out.text[before:])
+    if not out.finish_reason:
+        raise _Unreadable(f"the stream ended after {len(out.deltas)} chunk(s) without a finish reason: cut short "
+                          "(llama-cpp-python's server cuts a stream when another request arrives, unless started "
+                          "with --interrupt_requests false)")
 
 
 def _parse(data: str | bytes, endpoint: str, out: Completion, parse: Parse) -> None:

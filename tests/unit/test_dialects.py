@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from adapters.http.client import Completion, parse_payload, translate
+import pytest
+
+from adapters.http.client import Completion, _Unreadable, parse_payload, read_stream, translate
 from adapters.http.dialects import DIALECTS, markdown_table
 from harness.core.vocabulary import SamplingParams
 
@@ -66,6 +68,20 @@ def test_both_response_shapes_parse_into_steps() -> None:
     parse_payload({"choices": [{"message": {"content": "84"}, "finish_reason": "stop", "logprobs": {"content": [
         {"token": "84", "logprob": -0.1, "top_logprobs": [{"token": "84", "logprob": -0.1}]}]}}]}, "chat", chat)
     assert chat.text == "84" and chat.steps[0].logprob == -0.1 and chat.finish_reason == "stop"
+
+
+def test_a_stream_cut_before_its_finish_reason_is_unreadable_and_so_retried() -> None:
+    """llama-cpp-python's server, interrupted by another request, sends [DONE] after the chunks it had: a whole
+    answer to the client unless the missing finish reason gives the cut away."""
+    chunk = 'data: {"choices": [{"text": "TEXT", "finish_reason": REASON}]}'
+    whole = [chunk.replace("TEXT", " Paris").replace("REASON", "null"), "",
+             chunk.replace("TEXT", ".").replace("REASON", '"length"'), "", "data: [DONE]"]
+    out = Completion()
+    read_stream(whole, "completions", out, parse_payload)
+    assert out.text == " Paris." and out.deltas == [" Paris", "."] and out.finish_reason == "length"
+    cut = [whole[0], "", "data: [DONE]"]
+    with pytest.raises(_Unreadable, match=r"the stream ended after 1 chunk\(s\) without a finish reason: cut short"):
+        read_stream(cut, "completions", Completion(), parse_payload)
 
 
 def test_readme_dialect_table_is_current() -> None:
