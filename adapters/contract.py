@@ -151,9 +151,9 @@ class EngineDescription:
     # scenario's folder, whose rule the harness already holds the prompt ids to)
     own_bos: Callable[[Any], OwnBosRule | None] | None = None
     lora: LoraRules | None = None  # None: it cannot apply a LoRA adapter
-    # options -> whether this configuration puts the engine on a CUDA GPU, for an engine that runs on the CPU or a GPU
-    # as its options say (requirement.cuda: an engine that runs on a GPU only)
-    on_cuda: Callable[[Any], bool] | None = None
+    # options -> why this configuration needs a CUDA GPU (None: it does not), for an engine that runs on the CPU or a
+    # GPU as its options say (requirement.cuda: an engine that runs on a GPU only)
+    on_cuda: Callable[[Any], str | None] | None = None
 
     @property
     def factory(self) -> str:
@@ -192,9 +192,15 @@ class EngineDescription:
         return request_knobs(name, parsed, self.capabilities.server)
 
     def needs_cuda(self, options: dict[str, Any]) -> bool:
+        return self.cuda_reason(options) is not None
+
+    def cuda_reason(self, options: dict[str, Any]) -> str | None:
+        """Why this configuration needs a CUDA GPU; None when it does not (an attached server never does)."""
         if options.get("url"):
-            return False
-        return self.requirement.cuda or bool(self.on_cuda and self.on_cuda(self.parse_options(options)))
+            return None
+        if self.requirement.cuda:
+            return f"{self.requirement.distribution} has no CPU backend"
+        return self.on_cuda(self.parse_options(options)) if self.on_cuda else None
 
     def dtype_problem(self, dtype: str, options: dict[str, Any]) -> str | None:
         """Why this engine cannot run the dtype (None: it can). An attached server runs whatever it was started with."""

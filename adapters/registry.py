@@ -187,9 +187,8 @@ def availability(description: EngineDescription, python: str | None = None, opti
         return f"engine {name}: {found}"
     if not found:
         return f"engine {name} needs: {install_hint(requirement)}"
-    if device and description.needs_cuda(options or {}) and _cuda_available(python) is not True:
-        why = f"{requirement.distribution} has no CPU backend" if requirement.cuda else \
-            f"its options say device: {(options or {}).get('device')}; device: cpu runs it on the CPU"
+    why = description.cuda_reason(options or {}) if device else None
+    if why and _cuda_available(python) is not True:
         return (f"engine {name} needs a CUDA GPU ({why}): "
                 f"torch.cuda.is_available() is false in {python or sys.executable}")
     return None

@@ -433,7 +433,8 @@ class HfRope:
 
 DESCRIPTION = EngineDescription(
     name="hf", summary="HF transformers generate() on the CPU or a CUDA GPU (option device)", engine=Engine,
-    options=Options, on_cuda=lambda options: options.device != "cpu",
+    options=Options, on_cuda=lambda options: None if options.device == "cpu" else
+    f"its options say device: {options.device}; device: cpu runs it on the CPU",
     requirement=Requirement(module="transformers", distribution="transformers"),
     capabilities=Capabilities(traces=True, samples=True, dtypes=(*DTYPES, "float64"), beam_search=True),
     batch_size=16,  # generate() keeps every step's logits of the batch: 16 rows of SmolLM2 x 32 steps are 100 MB
