@@ -138,7 +138,7 @@ case "${1:-}" in
   run) case "${2:-}" in
          1) run1 ;; 2) run2 ;; 3) run3 ;;
          vllm) [[ "${3:-}" =~ ^[0-9]+$ ]] || { echo "usage: $0 run vllm N" >&2; exit 2; }
-               if [ -d "$VLLM_CARRY/$3" ]; then run_vllm_part "$3"; else run_vllm_last; fi ;;
+               if [ -d "$VLLM_CARRY/$3" ]; then run_vllm_part "$3"; else run_vllm_last "$3"; fi ;;
          *) echo "usage: $0 run 1|2|3 | run vllm N" >&2; exit 2 ;;
        esac ;;
   *) echo "usage: $0 prepare | run 1|2|3 | prepare-vllm | verify-vllm | run vllm N" >&2; exit 2 ;;

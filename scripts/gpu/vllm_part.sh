@@ -21,22 +21,29 @@ VLLM_WHEEL=vllm-0.25.1-cp38-abi3-manylinux_2_28_x86_64.whl
 VLLM_DROP="vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so vllm/_moe_C_stable_libtorch.abi3.so vllm/vllm-rs
   vllm/_flashmla_C.abi3.so vllm/_qutlass_C.abi3.so vllm/third_party/deep_gemm vllm/third_party/fmha_sm100"
 # pip's resolution of what vLLM 0.25.1 requires of these, beside the image's torch and transformers (2026-11-28);
-# xgrammar 0.2.5.post1 is the newest that loads with the apache-tvm-ffi 0.1.9 vLLM pins
+# xgrammar 0.2.5.post1 is the newest that loads with the apache-tvm-ffi 0.1.9 vLLM pins; gguf for llm-parity itself
+# (models prepare reads the model's GGUF file), loguru for compressed-tensors
 VLLM_DEPS="aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 annotated-types==0.8.0 apache-tvm-ffi==0.1.9
   astor==0.8.1 attrs==26.1.0 blake3==1.0.11 cachetools==8.0.2 cbor2==6.3.0 charset-normalizer==3.5.3
   cloudpickle==3.1.3 compressed-tensors==0.17.0 depyf==0.20.0 dill==0.4.1 diskcache==5.6.3 dnspython==2.9.2
-  einops==0.8.2 email-validator==2.4.0 fastapi==0.136.3 frozenlist==1.8.0 httpcore2==2.16.2 httptools==0.9.0
-  httpx2==2.16.2 ijson==3.6.0 interegular==0.3.3 jiter==0.19.0 jmespath==1.1.0 jsonschema==4.26.0
-  jsonschema-specifications==2025.9.1 lark==1.2.2 llguidance==1.7.6 lm-format-enforcer==0.11.3
+  einops==0.8.2 email-validator==2.4.0 fastapi==0.136.3 frozenlist==1.8.0 gguf==0.19.0 httpcore2==2.16.2
+  httptools==0.9.0 httpx2==2.16.2 ijson==3.6.0 interegular==0.3.3 jiter==0.19.0 jmespath==1.1.0 jsonschema==4.26.0
+  jsonschema-specifications==2025.9.1 lark==1.2.2 llguidance==1.7.6 lm-format-enforcer==0.11.3 loguru==0.7.3
   model-hosting-container-standards==0.1.16 msgspec==0.22.0 multidict==7.2.1 ninja==1.13.2 openai==3.57.0
   openai-harmony==0.0.8 opentelemetry-api==1.45.2 outlines_core==0.2.14 partial-json-parser==0.2.1.1.post7
   pillow==13.0.0 prometheus-fastapi-instrumentator==8.1.0 prometheus_client==0.26.0 propcache==0.5.4
   protobuf==7.36.2 psutil==7.2.2 py-cpuinfo==9.0.0 pybase64==1.5.1 pydantic==2.14.3 pydantic-core==2.50.4
   pydantic-extra-types==2.11.1 pydantic-settings==2.16.3 python-dotenv==1.2.4 python-json-logger==4.2.0
-  python-multipart==0.0.34 pyzmq==27.3.0 referencing==0.37.0 requests==2.34.2 rpds-py==2026.9.1
-  sentencepiece==0.2.3 setproctitle==1.3.8 sniffio==1.3.1 starlette==1.10.0 tiktoken==0.14.0 truststore==0.10.5
-  typing-inspection==0.4.5 urllib3==2.8.0 uvicorn==0.54.0 uvloop==0.23.0 watchfiles==1.3.0 websockets==17.4
-  xgrammar==0.2.5.post1 yarl==1.25.1"
+  python-multipart==0.0.34 pyzmq==27.3.0 referencing==0.37.0 requests==2.34.2 rpds-py==2026.9.1 sentencepiece==0.2.3
+  setproctitle==1.3.8 sniffio==1.3.1 starlette==1.10.0 tiktoken==0.14.0 truststore==0.10.5 typing-inspection==0.4.5
+  urllib3==2.8.0 uvicorn==0.54.0 uvloop==0.23.0 watchfiles==1.3.0 websockets==17.4 xgrammar==0.2.5.post1
+  yarl==1.25.1"
+# What vLLM 0.25.1 requires that is not carried, on purpose: other attention backends, kernels, MoE and quantisation
+# paths, media decoders, tracing, Mistral's tokenizers, the Anthropic and MCP front ends and SageMaker's process
+# supervisor; vLLM imports each on demand, or behind a check that it is installed (the import probe above)
+VLLM_LEFT_OUT="anthropic fastsafetensors flashinfer-cubin flashinfer-python humming-kernels mcp mistral-common
+  nvidia-cudnn-frontend nvidia-cutlass-dsl nvtx opentelemetry-exporter-otlp opentelemetry-sdk
+  opentelemetry-semantic-conventions-ai pynvvideocodec quack-kernels supervisor tilelang tokenspeed-mla torchcodec"
 VLLM_CARRY=$CARRY/vllm
 VLLM_STATE=$STATE/vllm
 VLLM_PART=$((47 * 1024 * 1024))  # four parts of the site (98 MiB) and the model (89 MiB): each run under 60 MiB
@@ -53,6 +60,9 @@ open(r, 'w').write(''.join(l + '\n' for l in lines if os.path.exists(l.split(','
     && rm "$work/wheels/$VLLM_WHEEL" && zip -q -r -1 "$work/wheels/$VLLM_WHEEL" vllm vllm-0.25.1.dist-info)
   # shellcheck disable=SC2086
   python3 -m pip download --quiet --no-deps "${platforms[@]}" -d "$work/wheels" $VLLM_DEPS
+  # every requirement of llm-parity and of each carried package is in the image, carried, or left out on purpose
+  python3 scripts/gpu/requirements_check.py --image scripts/gpu/image-packages.txt --left-out "$VLLM_LEFT_OUT" \
+    pyproject.toml "$work"/wheels/*.whl
   # the install command of the GPU machine, here, into an empty target (the check that it works with --no-deps)
   python3 -m pip install --quiet --no-index --no-deps --no-compile "${platforms[@]}" --target "$work/site" \
     "$work"/wheels/*.whl
@@ -122,13 +132,18 @@ install_vllm() {
 check_vllm() {  # one dtype: HF on the CPU (the reference) and on CUDA, vLLM eager and with CUDA graphs, every case;
   # the cases that diverged explained (the first case when none did)
   local dtype=$1
-  [ -f "$STATE/cache/models/smollm2-135m/float32/config.json" ] || { echo "COLD MACHINE: the model is gone"; exit 3; }
+  [ -d "$SITE/vllm" ] || { echo "COLD MACHINE: the installed vLLM is gone: start again at run vllm 1"; exit 3; }
+  [ -f "$STATE/cache/models/smollm2-135m/float32/config.json" ] \
+    || { echo "MODEL NOT PREPARED: see the prepare step's log above (a machine restart would not mend it)"; exit 5; }
   environment
   mkdir -p "$OUT"
   step "vllm-$dtype" 420 python3 -m harness explain "scripts/gpu/vllm-$dtype.yaml" --out "$STATE/reports"
 }
 
 run_vllm_last() {  # after the last part: bfloat16, then the summary
+  if [ ! -d "$SITE/vllm" ] && compgen -G "$VLLM_STATE/part.*" > /dev/null; then
+    echo "gpu-carry/vllm/$1 was not carried: pass it with this command" >&2; exit 2
+  fi
   check_vllm bf16
   tar -czf "$OUT/vllm-reports.tgz" --exclude=traces -C "$STATE" reports
   python3 scripts/gpu/summary.py "$STATE/reports" --vllm | tee "$OUT/vllm-summary.txt"
