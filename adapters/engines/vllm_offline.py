@@ -91,6 +91,24 @@ def prepare_env(workdir: Path, options: Options, sockets: Path) -> dict[str, str
     return env
 
 
+def model_runner(llm: Any) -> str:
+    """The model runner vLLM chose at load: V2 for a dense model on CUDA (vLLM 0.25 on), V1 where V2 cannot run
+    (no Triton, as on CPU here)."""
+    uses_v2 = getattr(llm.llm_engine.vllm_config, "use_v2_model_runner", False)
+    return "v2" if uses_v2 else "v1"
+
+
+def attention_backend(model: Any) -> str:
+    """The attention backend of the model's first attention layer, with FlashAttention's version where it is the
+    one (FLASH_ATTN runs FlashAttention 3 on Hopper, 2 before it)."""
+    layer = next((m for m in model.modules() if getattr(m, "attn_backend", None) is not None), None)
+    if layer is None:
+        return "unknown"
+    version = getattr(getattr(layer, "impl", None), "vllm_flash_attn_version", None)
+    name = layer.attn_backend.get_name()
+    return f"{name} (FlashAttention {version})" if version else name
+
+
 def context_length(needed: int | None) -> int | None:
     """A max_model_len that fits what the run sends (rounded up to 256, at least 512), so vLLM does not size its
     memory profiling and scheduler for the model's full context; None (the model's maximum) when unknown."""
@@ -266,7 +284,10 @@ class Engine:
         import torch
         import vllm
 
-        return {"vllm": vllm.__version__, "torch": torch.__version__}
+        chosen = {"model_runner": model_runner(self.llm)}
+        if not self.options.multiprocessing:  # the model is in this process
+            chosen["attention"] = attention_backend(self.llm.apply_model(lambda m: m)[0])
+        return {"vllm": vllm.__version__, "torch": torch.__version__, **chosen}
 
     def translate(self, params: SamplingParams, top_logprobs: int) -> Translation:
         translation = translate(params, top_logprobs)

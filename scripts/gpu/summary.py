@@ -125,7 +125,7 @@ def main() -> int:
         print(f"no run directories under {reports}")
         return 1
     meta = read_meta(any_run)
-    shown = ("lmdeploy", "vllm", "torch", "gpu", "device", "cuda")
+    shown = ("lmdeploy", "vllm", "model_runner", "attention", "torch", "gpu", "device", "cuda")
     versions = {k: v for e in meta.engines.values() for k, v in e.versions.items() if k in shown}
     print(f"== GPU check summary ({', '.join(f'{k} {v}' for k, v in versions.items())})")
     if "--vllm" in sys.argv:

@@ -44,6 +44,9 @@ def test_run_directory_records_what_verdicts_rest_on(quickstart: ParityRun) -> N
         assert meta["engines"][engine]["env"] == {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "passive"}
         assert meta["engines"][engine]["versions"]["torch"].startswith("2.13.0")
     assert meta["engines"]["vllm"]["versions"]["vllm"] == "0.32.0"
+    # what vLLM chose at load: its CPU build has no Triton, so the V1 runner, and its CPU attention
+    assert (meta["engines"]["vllm"]["versions"]["model_runner"], meta["engines"]["vllm"]["versions"]["attention"]) \
+        == ("v1", "CPU_ATTN")
     assert set(meta["prompt_ids"]) == {"capital", "story", "math", "code"}
     assert meta["prompt_ids"]["math"][0] == 1  # chat template applied: starts with <|im_start|>
     steps = pd.read_parquet(quickstart.run_dir / "steps.parquet")
