@@ -88,7 +88,7 @@ class RouteCapture:
                 raise RuntimeError(f"routes: layer {index} routed {ids.shape[0]} rows for {positions} positions")
             logits = routers.get(layer_point(index, ROUTER))
             layers[index] = Choice(ids, torch.cat([p[1] for p in parts]).double().numpy(),
-                                   torch.cat(logits).double().numpy() if logits else None,
+                                   torch.cat(logits).to("cpu").double().numpy() if logits else None,
                                    self.biases[index].detach().to("cpu").double().numpy() if index in self.biases
                                    else None)
         return write_table(trace, layers, self.routes.scoring, metadata)
