@@ -50,7 +50,7 @@ PART=$((38 * 1024 * 1024))  # part 1 rides with the wheels (18 MiB), part 2 alon
 
 prepare() {
   local work; work=$(mktemp -d)
-  rm -rf "$CARRY" && mkdir -p "$CARRY/1/wheels" "$CARRY/2"
+  rm -rf "$CARRY/1" "$CARRY/2" && mkdir -p "$CARRY/1/wheels" "$CARRY/2"  # gpu-carry/vllm is prepare-vllm's
   local download=(python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12
                   --implementation cp $PLATFORMS)
   # lmdeploy without turbomind's 347 MB extension and its static xgrammar archive (the PyTorch backend uses neither)
