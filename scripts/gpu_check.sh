@@ -20,6 +20,8 @@
 #   scripts/gpu_check.sh prepare-vllm   # here: gpu-carry/vllm/1..4, the plan printed, the parts checked
 #   scripts/gpu_check.sh run vllm 1     # there, carrying gpu-carry/vllm/1; then run vllm 2, 3, 4 carrying theirs
 #   scripts/gpu_check.sh run vllm 5     # at once, carrying nothing: bfloat16 and vllm-summary.txt
+#
+# prepare and prepare-vllm each replace only their own parts: prepare both before asking for a machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
