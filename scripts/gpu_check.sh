@@ -17,6 +17,7 @@
 # The vLLM part (scripts/gpu/vllm_part.sh: vLLM 0.25.1 on CUDA against HF on the CPU and on CUDA, float16 and
 # bfloat16, eager and CUDA graphs, one explain per dtype), on its own machine time:
 #
+#   scripts/gpu_check.sh rehearse-vllm  # here, optional (7 min, 7 GB in /tmp): both scenarios with vLLM 0.25.1 on CPU
 #   scripts/gpu_check.sh prepare-vllm   # here: gpu-carry/vllm/1..4, the plan printed, the parts checked
 #   scripts/gpu_check.sh run vllm 1     # there, carrying gpu-carry/vllm/1; then run vllm 2, 3, 4 carrying theirs
 #   scripts/gpu_check.sh run vllm 5     # at once, carrying nothing: bfloat16 and vllm-summary.txt
@@ -145,11 +146,12 @@ case "${1:-}" in
   prepare) prepare ;;
   prepare-vllm) prepare_vllm ;;
   verify-vllm) verify_vllm_parts ;;
+  rehearse-vllm) rehearse_vllm ;;
   run) case "${2:-}" in
          1) run1 ;; 2) run2 ;; 3) run3 ;;
          vllm) [[ "${3:-}" =~ ^[0-9]+$ ]] || { echo "usage: $0 run vllm N" >&2; exit 2; }
                if [ -d "$VLLM_CARRY/$3" ]; then run_vllm_part "$3"; else run_vllm_last "$3"; fi ;;
          *) echo "usage: $0 run 1|2|3 | run vllm N" >&2; exit 2 ;;
        esac ;;
-  *) echo "usage: $0 prepare | run 1|2|3 | prepare-vllm | verify-vllm | run vllm N" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | run 1|2|3 | prepare-vllm | verify-vllm | rehearse-vllm | run vllm N" >&2; exit 2 ;;
 esac

