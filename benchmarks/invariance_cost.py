@@ -30,7 +30,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from adapters.http.server_process import ServerProcess, free_port  # noqa: E402
-from harness import models  # noqa: E402
 from harness.plan import invariance_checks  # noqa: E402
 from harness.plan.requests import plan_engines  # noqa: E402
 from harness.scenario.prompts import load_tokenizer, tokenize_prompts  # noqa: E402
@@ -133,8 +132,8 @@ def serve(plan, model_path: Path, workdir: Path) -> float:
 
 
 def main() -> None:
-    scenario = load(SCENARIO)
-    model_path = models.resolve(scenario.spec.model, scenario.spec.dtype)
+    scenario = load(SCENARIO).with_resolved()  # each engine's model folder, as a run finds it
+    model_path = scenario.engine(scenario.spec.reference).model_folder
     tokenizer = load_tokenizer(model_path)
     prompt_ids = tokenize_prompts(tokenizer, list({c.prompt.id: c.prompt for c in scenario.cases}.values()))
     with tempfile.TemporaryDirectory() as tmp:

@@ -122,6 +122,7 @@ def explain_all_and_print(scenarios: list[LoadedScenario], out: Path, selection:
     from harness.explain.early_passes import EarlyPasses, known_cases
     from harness.explain.trace_passes import explained_engines, loads_reused
 
+    scenarios = [s.with_resolved([n for names in explained_engines(s) for n in names]) for s in scenarios]
     keys = {id(s): loads_reused(s, *explained_engines(s)) for s in scenarios}
     cases = known_cases(scenarios[0], selection.cases) if len(scenarios) == 1 else None
     early = EarlyPasses(cases, explain_parallel(parallel, scenarios[0]), keep_traces) if cases else None
@@ -194,7 +195,7 @@ def transplant_and_print(scenario: LoadedScenario, out: Path, selection: Selecti
     package is missing from its interpreter stops the command, or is skipped with --allow-missing)."""
     from harness.compare.beam_rules import beam_cases
     from harness.executors.choice import kept_loaded
-    from harness.plan.plans import engine_load_key, select_engines, unavailable_engines
+    from harness.plan.plans import select_engines, unavailable_engines
     from harness.semantics import effective
     from harness.transplant.sampler_swap import transplant_run
 
@@ -209,7 +210,9 @@ def transplant_and_print(scenario: LoadedScenario, out: Path, selection: Selecti
     names = [n for n in names if n not in skipped]
     rejected = effective.rejections(chosen, names)
     reference_only = Selection(engines=[scenario.spec.reference], cases=selection.cases)
-    with kept_loaded([engine_load_key(scenario, scenario.spec.reference)]):  # from its run to its logits pass
+    scenario = scenario.with_resolved([scenario.spec.reference])  # for its run and its logits pass
+    chosen = scenario.with_cases(selection.cases)
+    with kept_loaded([scenario.engine(scenario.spec.reference).load_key]):  # from its run to its logits pass
         outcome = run_and_print(scenario, out, reference_only, None)
         if outcome.interrupted:
             return EXIT_INTERRUPTED

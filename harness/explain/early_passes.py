@@ -19,7 +19,7 @@ from harness.executors import choice
 from harness.executors.engine_runs import EngineOutcome, Progress, Recorded, run_engines
 from harness.executors.start_next import usable_cores
 from harness.explain.trace_passes import TracePasses, explained_engines, noise_floor_dtype, plan_passes, trace_request
-from harness.plan.plans import EnginePlan, engine_load_key
+from harness.plan.plans import EnginePlan
 from harness.rundir.journal import JOURNAL, read_journal
 from harness.scenario.spec import LoadedScenario
 
@@ -89,7 +89,7 @@ class EarlyPasses:
         if ref not in traceable or len(self.running) >= self.parallel:
             return  # (the command's engines at once are running already)
         pool = choice.current().workers  # None on a Ray cluster: no worker outlives its engine there
-        if pool is None or not pool.holds(engine_load_key(scenario, ref)):
+        if pool is None or not pool.holds(scenario.engine(ref).load_key):
             return  # its model is not kept loaded: it was stopped (Ctrl-C), or memory is short
         answers, _ = read_journal(self.run_dir / "engines" / ref / JOURNAL)
         requests = [trace_request(c, answers[c].prompt_ids, answers[c].token_ids) for c in self.cases

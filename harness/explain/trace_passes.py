@@ -24,7 +24,7 @@ from adapters import registry
 from harness.core.types import TraceRequest
 from harness.executors import choice
 from harness.executors.start_next import usable_cores
-from harness.plan.plans import EnginePlan, LoadKey, engine_load_key, engine_plan
+from harness.plan.plans import EnginePlan, LoadKey, engine_plan
 from harness.rundir.traces import trace_file_name
 from harness.scenario.spec import LoadedScenario
 
@@ -76,7 +76,7 @@ def loads_reused(scenario: LoadedScenario, traceable: list[str], scorable: list[
     reference's traced pass; every other traced engine's pass and its second, partial one (harness.explain.kept_rows);
     every scoring pass. The noise floor may then load in the reference's worker, which its pass leaves unloaded."""
     ref = scenario.spec.reference
-    return [engine_load_key(scenario, name) for name in (*traceable, *scorable)
+    return [scenario.engine(name).load_key for name in (*traceable, *scorable)
             for _ in range(2 if name in traceable and name != ref else 1)]
 
 

@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from adapters.contract import Knob
-from harness import models
 from harness.core.types import Request
 from harness.core.vocabulary import SamplingParams
-from harness.plan.plans import EnginePlan, ModelResolver, engine_plan
+from harness.plan.plans import EnginePlan, engine_plan
 from harness.scenario.spec import LoadedScenario
 
 SEED = 1234
@@ -66,8 +65,8 @@ class Check:
     exclusive: set[str] = field(default_factory=set)  # configurations that exist only for this check
 
 
-def plan(scenario: LoadedScenario, base_plans: list[EnginePlan], run_dir: Path, prefix_ids: list[int],
-         resolve: ModelResolver = models.resolve) -> tuple[list[EnginePlan], list[Check]]:
+def plan(scenario: LoadedScenario, base_plans: list[EnginePlan], run_dir: Path,
+         prefix_ids: list[int]) -> tuple[list[EnginePlan], list[Check]]:
     """The run's plans with the invariance work added (the base configurations keep their comparison batches
     first), and the checks to judge once the results are in."""
     spec = scenario.spec
@@ -110,7 +109,7 @@ def plan(scenario: LoadedScenario, base_plans: list[EnginePlan], run_dir: Path, 
         engine = config.split("~", 1)[0]
         options = {**spec.engines[engine].options, **overrides_of[config]}
         requests = [r for g in groups for r in g]
-        extra = engine_plan(scenario, engine, run_dir, requests, plan_name=config, options=options, resolve=resolve)
+        extra = engine_plan(scenario, engine, run_dir, requests, plan_name=config, options=options)
         out.append(replace(extra, groups=groups))
     return out, checks
 

@@ -105,9 +105,9 @@ def _plans(scenario: LoadedScenario) -> list[EnginePlan]:
     """A run's plans, with prompts left untokenised and the model unresolved (neither changes what runs where)."""
     untokenised = {c.prompt.id: [] for c in scenario.cases}
     placeholder = Path("plan")
-    unresolved = lambda model, dtype, origin: Path(model)  # noqa: E731
-    base = plan_engines(scenario, placeholder, untokenised, resolve=unresolved)
-    return invariance_checks.plan(scenario, base, placeholder, [], resolve=unresolved)[0]
+    scenario = scenario.with_resolved(resolve=lambda model, dtype, origin: Path(model))
+    base = plan_engines(scenario, placeholder, untokenised)
+    return invariance_checks.plan(scenario, base, placeholder, [])[0]
 
 
 def _cost(costs: list[Cost], model: str, engine: str, where: Path) -> Cost:

@@ -3,35 +3,20 @@ that cannot run here is reported. A plan is all a worker needs; it knows nothing
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from adapters import registry
-from harness import models
 from harness.core.errors import ConfigError, EngineUnavailable
-from harness.core.types import EngineSetup, LoraSetup, Request, TraceRequest
+from harness.core.types import EngineSetup, Request, TraceRequest
 from harness.plan.resources import ActorResources, engine_resources
+from harness.scenario.resolved import LoadKey
 from harness.scenario.spec import LoadedScenario
 
 # generate: Request -> Result; trace: TraceRequest -> TraceResult; score: TraceRequest -> Result (teacher-forced top-k
 # logprobs of the sequence's continuation, from an engine that cannot be traced but can score a given text)
 Op = Literal["generate", "trace", "score"]
-
-
-class LoadKey(NamedTuple):
-    """What an engine loads: plans with equal keys may share one loaded engine."""
-
-    factory: str
-    python: str | None
-    threads: int
-    folder: str  # the scenario's folder (on the worker's import path)
-    model_path: str
-    dtype: str
-    options: str  # as sorted JSON
-    lora: str = ""  # the adapter's folder, where the engine applies one
 
 
 @dataclass
@@ -95,25 +80,24 @@ class EnginePlan:
         return self.setup.dtype
 
 
-ModelResolver = Callable[[str, str, str], Path]  # (model, dtype, origin) -> its folder; models.resolve
-
-
 def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: list, op: Op = "generate",
                 dtype: str | None = None, plan_name: str | None = None,
-                options: dict[str, Any] | None = None, resolve: ModelResolver = models.resolve) -> EnginePlan:
-    """The plan for one engine of a scenario; dtype, plan_name and options override the scenario's (a noise-floor
-    run, another configuration of the engine). `resolve` finds the model's folder (`parity run --plan` plans a
-    cluster's work without one)."""
+                options: dict[str, Any] | None = None) -> EnginePlan:
+    """The plan for one engine of a scenario whose engines are resolved (LoadedScenario.with_resolved); dtype,
+    plan_name and options override the scenario's (a noise-floor run, whose dtype is another model folder, resolved
+    here; another configuration of the engine)."""
     spec, engine = scenario.spec, scenario.spec.engines[name]
     description = scenario.description(name)
-    dtype = dtype or spec.engine_dtype(name)
+    resolved = scenario.engine(name) if dtype is None else scenario.resolve_engine(name, dtype)
+    if options is not None:
+        resolved = resolved.with_options(options)
     plan_name = plan_name or name
-    options = engine.options if options is None else options
+    options = resolved.options
     code = description.sampling_code(options)
     longest = max((_context(r) for r in requests), default=None)
-    setup = EngineSetup(name=plan_name, model_path=resolve(spec.engine_model(name), dtype, str(scenario.path)),
-                        dtype=dtype, options=options, workdir=run_dir / "engines" / plan_name,
-                        trace=op == "trace", max_context=longest, lora=lora_setup(scenario, name))
+    setup = EngineSetup(name=plan_name, model_path=resolved.model_folder, dtype=resolved.dtype, options=options,
+                        workdir=run_dir / "engines" / plan_name, trace=op == "trace", max_context=longest,
+                        lora=resolved.lora)
     timeouts = spec.engine_timeouts(name)
     package = None if description.capabilities.server else description.requirement.module
     import_paths = [str(scenario.path.parent.resolve())]
@@ -125,44 +109,13 @@ def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: li
                       batch_size=engine.batch_size or description.batch_size or max(1, len(requests)),
                       requests=requests, load_timeout=timeouts.load,
                       case_timeout=timeouts.case, op=op,
-                      import_paths=import_paths, model=spec.engine_model(name),
+                      import_paths=import_paths, model=resolved.model,
                       model_shared=spec.model_shared, resources=plan_resources(scenario, name, options),
                       attached_client=attached,
                       reuse_key=(description.factory, engine.python, spec.engine_threads(name), *import_paths,
                                  *shared) if shared is not None else None,
-                      load_key=None if attached else load_key(scenario, name, dtype, options, setup.model_path,
-                                                              setup.lora),
+                      load_key=None if attached else resolved.load_key,
                       leaves_state=bool(options.get("patch")))
-
-
-def engine_load_key(scenario: LoadedScenario, name: str) -> LoadKey:
-    """The load key of a scenario's engine as the scenario configures it (its run, and its traces after)."""
-    dtype = scenario.spec.engine_dtype(name)
-    return load_key(scenario, name, dtype, scenario.spec.engines[name].options,
-                    models.resolve(scenario.spec.engine_model(name), dtype, str(scenario.path)),
-                    lora_setup(scenario, name))
-
-
-def load_key(scenario: LoadedScenario, name: str, dtype: str, options: dict[str, Any], model_path: Path,
-             lora: LoraSetup | None = None) -> LoadKey:
-    spec, engine = scenario.spec, scenario.spec.engines[name]
-    return LoadKey(scenario.description(name).factory, engine.python, spec.engine_threads(name),
-                   str(scenario.path.parent.resolve()), str(model_path), dtype, json.dumps(options, sort_keys=True),
-                   lora.path if lora else "")
-
-
-def lora_setup(scenario: LoadedScenario, name: str) -> LoraSetup | None:
-    """The adapter an engine applies at serving time (the scenario checked it can), as its worker is given it."""
-    from harness.models import catalog, lora
-
-    value = scenario.spec.engine_lora(name)
-    if value is None:
-        return None
-    folder = catalog.adapter_folder(value)
-    rank = lora.read(folder).rank
-    rules = scenario.description(name).lora
-    allowed = [r for r in (rules.ranks if rules and rules.ranks else ()) if r >= rank]
-    return LoraSetup(path=str(folder), name=lora.served_name(value), rank=rank, max_rank=min(allowed, default=rank))
 
 
 def plan_resources(scenario: LoadedScenario, name: str, options: dict[str, Any] | None = None) -> ActorResources:

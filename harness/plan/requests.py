@@ -6,24 +6,22 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from harness import models
 from harness.core.types import Request, Result
 from harness.core.vocabulary import SamplingParams
 from harness.plan import invariance_checks
-from harness.plan.plans import EnginePlan, ModelResolver, engine_plan
+from harness.plan.plans import EnginePlan, engine_plan
 from harness.scenario.prompts import PromptTokenizer
 from harness.scenario.spec import LoadedScenario
 
 
-def plan_engines(scenario: LoadedScenario, run_dir: Path, prompt_ids: dict[str, list[int]],
-                 resolve: ModelResolver = models.resolve) -> list[EnginePlan]:
+def plan_engines(scenario: LoadedScenario, run_dir: Path, prompt_ids: dict[str, list[int]]) -> list[EnginePlan]:
     spec = scenario.spec
     check = spec.sampling
     return [engine_plan(scenario, name, run_dir, [
         Request(case_id=c.case_id, prompt_ids=prompt_ids[c.prompt.id],
                 params=_sample_params(c.engine_params[name], check), top_logprobs=spec.top_logprobs,
                 text=c.prompt.text, messages=c.prompt.messages, num_samples=check.samples if check else 1)
-        for c in scenario.cases], resolve=resolve) for name in spec.engines]
+        for c in scenario.cases]) for name in spec.engines]
 
 
 def all_plans(scenario: LoadedScenario, run_dir: Path, prompt_ids: dict[str, list[int]],

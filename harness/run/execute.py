@@ -15,16 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness import models
 from harness.core.types import Result
 from harness.executors import choice
 from harness.executors.engine_runs import EngineOutcome, Progress, run_plans
-from harness.plan.plans import engine_load_key, plan_resources, select_engines, unavailable_engines
+from harness.plan.plans import plan_resources, select_engines, unavailable_engines
 from harness.plan.requests import all_plans, still_to_run
 from harness.run.outcome import PendingRun
 from harness.rundir.store import RunMeta, RunSelection, new_run_dir, run_lock, write_meta
 from harness.scenario.prompt_identity import check_engine_prompts, check_prompts
 from harness.scenario.prompts import PromptTokenizer, load_tokenizer, tokenize_prompts
+from harness.scenario.resolved import ModelResolver
 from harness.scenario.spec import LoadedScenario
 from harness.semantics import effective
 
@@ -47,15 +47,16 @@ def machine_info() -> dict:
             "python": sys.version.split()[0]}
 
 
-def runnable(scenario: LoadedScenario, selection: Selection,
-             need_reference: bool = True) -> tuple[LoadedScenario, dict[str, str]]:
-    """The scenario narrowed to the selected cases and to the selected engines that can run here, and the engines
-    skipped (--allow-missing) with why. Params an engine would reject stop everything first (exit 2)."""
+def runnable(scenario: LoadedScenario, selection: Selection, need_reference: bool = True,
+             resolve: ModelResolver | None = None) -> tuple[LoadedScenario, dict[str, str]]:
+    """The scenario narrowed to the selected cases and to the selected engines that can run here, each of them
+    resolved once (its model's folder, adapter and load key; resolve: how a model value becomes a folder), and the
+    engines skipped (--allow-missing) with why. Params an engine would reject stop everything first (exit 2)."""
     scenario = scenario.with_cases(selection.cases)
     names = select_engines(scenario, selection.engines, need_reference)
     effective.preflight(scenario, names)
     skipped = unavailable_engines(scenario, names, selection.allow_missing, need_reference)
-    return scenario.with_engines([n for n in names if n not in skipped]), skipped
+    return scenario.with_engines([n for n in names if n not in skipped]).with_resolved(resolve=resolve), skipped
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,7 @@ class Tokenized:
 
 
 def tokenized(scenario: LoadedScenario) -> Tokenized:
-    spec = scenario.spec
-    reference = models.resolve(spec.reference_model, spec.engine_dtype(spec.reference), str(scenario.path))
-    tokenizer = load_tokenizer(reference)
+    tokenizer = load_tokenizer(scenario.engine(scenario.spec.reference).model_folder)
     prompts = list({c.prompt.id: c.prompt for c in scenario.cases}.values())
     ids = tokenize_prompts(tokenizer, prompts, str(scenario.path))
     return Tokenized(tokenizer, ids, check_prompts(tokenizer, prompts, ids), check_engine_prompts(scenario, prompts,
@@ -179,4 +178,4 @@ def _drift_keys(scenario: LoadedScenario) -> list[tuple]:
     spec = scenario.spec
     pairs = {n: spec.drift_baseline(n) for n in spec.engines if spec.drift_baseline(n) in spec.engines}
     passes = dict.fromkeys([(b, b) for b in pairs.values()] + list(pairs.items()))
-    return [engine_load_key(scenario, engine) for engine, _ in passes]
+    return [scenario.engine(engine).load_key for engine, _ in passes]

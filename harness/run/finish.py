@@ -50,7 +50,7 @@ def finish(run: PendingRun, outcomes: dict[str, EngineOutcome], interrupted: boo
     directory."""
     scenario, run_dir, plans = run.scenario, run.run_dir, run.plans
     spec = scenario.spec
-    ref_path = models.resolve(spec.reference_model, spec.engine_dtype(spec.reference), str(scenario.path))
+    ref_path = scenario.engine(spec.reference).model_folder
     write_started = time.perf_counter()
 
     for plan in plans:  # engines with nothing left to run keep what their first session recorded

@@ -15,6 +15,7 @@ from adapters.contract import EngineDescription
 from harness.core.errors import ConfigError
 from harness.core.vocabulary import KNOBS, Constraint, SamplingParams
 from harness.scenario.lora_check import lora_problem
+from harness.scenario.resolved import ModelResolver, ResolvedEngine, resolve_engine
 from harness.scenario.yaml_source import YamlSource
 
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -265,6 +266,9 @@ class LoadedScenario:
     incapable: dict[str, str] = field(default_factory=dict)
     # engine -> its type's description (adapters.registry), resolved once when the scenario is loaded
     descriptions: dict[str, EngineDescription] = field(default_factory=dict)
+    # engine -> its model's folder, adapter and load key (harness.scenario.resolved), resolved once a command has
+    # chosen the engines it runs (with_resolved): validating a scenario prepares no model
+    resolved: dict[str, ResolvedEngine] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -273,6 +277,30 @@ class LoadedScenario:
     def description(self, name: str) -> EngineDescription:
         """What engine `name`'s type is and can do."""
         return self.descriptions[name]
+
+    def engine(self, name: str) -> ResolvedEngine:
+        """What engine `name` loads, as with_resolved() found it."""
+        if name not in self.resolved:
+            raise LookupError(f"engine {name} of {self.path} is planned before it was resolved: resolve the "
+                              "scenario's engines first (LoadedScenario.with_resolved)")
+        return self.resolved[name]
+
+    def with_resolved(self, names: list[str] | None = None, resolve: ModelResolver | None = None) -> LoadedScenario:
+        """A copy with these engines (default: every one) resolved; an engine resolved before keeps its record.
+        resolve: how a model value becomes a folder (default harness.models.resolve)."""
+        chosen = self.spec.engines if names is None else names
+        fresh = {name: self.resolve_engine(name, resolve=resolve) for name in chosen if name not in self.resolved}
+        return replace(self, resolved={**self.resolved, **fresh}) if fresh else self
+
+    def resolve_engine(self, name: str, dtype: str | None = None, resolve: ModelResolver | None = None
+                       ) -> ResolvedEngine:
+        """Engine `name` resolved anew: in its own dtype, or in `dtype` (the noise floor's: another model folder)."""
+        from harness import models
+
+        spec, engine = self.spec, self.spec.engines[name]
+        return resolve_engine(name, spec.engine_model(name), dtype or spec.engine_dtype(name), spec.engine_lora(name),
+                              self.description(name), engine.python, spec.engine_threads(name), engine.options,
+                              self.path, resolve or models.resolve)
 
     def with_cases(self, only: list[str] | None) -> LoadedScenario:
         """A copy keeping only the named cases (--case); an unknown id is a config error."""
@@ -289,7 +317,8 @@ class LoadedScenario:
     def with_engines(self, names: list[str]) -> LoadedScenario:
         """A copy whose spec keeps only these engines (in the scenario's order)."""
         engines = {n: e for n, e in self.spec.engines.items() if n in names}
-        return replace(self, spec=self.spec.model_copy(update={"engines": engines}))
+        return replace(self, spec=self.spec.model_copy(update={"engines": engines}),
+                       resolved={n: r for n, r in self.resolved.items() if n in names})
 
 
 def _expand_file_prompts(source: YamlSource, index: int, prompt: PromptSpec) -> list[PromptSpec]:

@@ -72,11 +72,12 @@ def test_planning_resolves_each_engine_description_once(monkeypatch) -> None:
     scenario = load(ROOT / "scenarios" / "quickstart.yaml")
     assert sorted(calls) == sorted(e.engine for e in scenario.spec.engines.values())  # once each, when loaded
     calls.clear()
-    ready, _ = runnable(scenario, Selection())  # narrowed, params checked by each engine's code, availability
+    # narrowed, params checked by each engine's code, availability, each engine's model and adapter resolved
+    ready, _ = runnable(scenario, Selection(), resolve=lambda model, dtype, origin: Path(model))
     for name in ready.spec.engines:
         plan_resources(ready, name)
     prompt_ids = {c.prompt.id: [1, 2, 3] for c in ready.cases}
-    plan_engines(ready, Path("/nonexistent"), prompt_ids, resolve=lambda model, dtype, origin: Path(model))
+    plan_engines(ready, Path("/nonexistent"), prompt_ids)
     assert calls == []
 
 

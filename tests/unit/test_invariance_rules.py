@@ -95,9 +95,10 @@ engines:
 prompts: ["x", "y", "z"]
 params: {temperature: 0, max_new_tokens: 4}
 """))
+    scenario = scenario.with_resolved(resolve=lambda *_: tmp_path)
     ids = {c.prompt.id: [1, 2 + i] for i, c in enumerate(scenario.cases)}
-    base = plan_engines(scenario, tmp_path, ids, resolve=lambda *_: tmp_path)
-    plans, checks = invariance_checks.plan(scenario, base, tmp_path, [7, 7, 7], resolve=lambda *_: tmp_path)
+    base = plan_engines(scenario, tmp_path, ids)
+    plans, checks = invariance_checks.plan(scenario, base, tmp_path, [7, 7, 7])
     sides = {(c.engine, c.knob): c for c in checks if not c.unsupported}
     cases = [r.case_id for r in base[0].requests]
     # repeat, order and the control send the cases in one call, as the comparison does: the comparison's results
@@ -162,9 +163,10 @@ engines:
 prompts: ["x", "y"]
 params: {temperature: 0, max_new_tokens: 4}
 """))
+    scenario = scenario.with_resolved(resolve=lambda *_: tmp_path)
     ids = {c.prompt.id: [1, 2 + i] for i, c in enumerate(scenario.cases)}
-    base = plan_engines(scenario, tmp_path, ids, resolve=lambda *_: tmp_path)
-    plans, checks = invariance_checks.plan(scenario, base, tmp_path, [7, 7, 7], resolve=lambda *_: tmp_path)
+    base = plan_engines(scenario, tmp_path, ids)
+    plans, checks = invariance_checks.plan(scenario, base, tmp_path, [7, 7, 7])
     sides = {c.knob: c for c in checks if not c.unsupported}
     assert sides["prefix_cache"].baseline.config == sides["chunked_prefill"].baseline.config == "b"
     assert sides["prefix_cache"].variant.config == "b~prefix_caching=True"
