@@ -6,7 +6,6 @@ parent-death signal (so it goes down when its worker dies, even by SIGKILL).
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -16,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from harness.core.forked_process import ForkedProcess, fork_worker
-from harness.core.processes import die_with_parent
+from harness.core.processes import die_with_parent, stop_group
 
 
 def free_port() -> int:
@@ -68,17 +67,7 @@ class ServerProcess:
 
     def stop(self, grace: float = 15.0) -> None:
         """SIGTERM the server's process group, then SIGKILL whatever is left after the grace period."""
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                if self.process.poll() is not None and not group_alive(self.process.pid):
-                    self.log.close()
-                    return
-                time.sleep(0.1)
+        stop_group(self.process, grace)
         self.process.poll()
         self.log.close()
 
@@ -93,12 +82,3 @@ def forked(cmd: list[str], env: dict[str, str], log: int) -> ForkedProcess | Non
     if process is not None:
         process.stdin.close()  # what it reads is an empty stdin, as from /dev/null
     return process
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any process of the process group pgid is still alive."""
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False

@@ -1,5 +1,5 @@
-"""How the harness's child processes live: the environment an engine process starts with, and dying with the
-parent that started it."""
+"""How the harness's child processes live: the environment an engine process starts with, dying with the parent
+that started it, and being stopped with every process of their group."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 from harness.core.paths import PROJECT_ROOT
 
@@ -57,16 +58,42 @@ def worker_env(threads: int, import_paths: list[str] = ()) -> dict[str, str]:
     return env
 
 
+class Child(Protocol):
+    """A child process leading a process group of its own (subprocess.Popen, harness.core.forked_process)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+
+def stop_group(process: Child, grace_s: float, kill_grace_s: float = 5.0) -> None:
+    """SIGTERM the process group `process` leads, then SIGKILL what is left of it after grace_s: returns once the
+    leader has ended and no process of its group is left (an engine it started among them), or kill_grace_s after the
+    SIGKILL."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, kill_grace_s)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return  # nothing of the group is left
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if process.poll() is not None and not group_alive(process.pid):
+                return
+            time.sleep(0.05)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of the process group pgid still runs (a zombie, dead but not yet collected by its parent, does
+    not: an orphan's is collected by init, which in a container may take seconds)."""
+    return any(group == pgid and state != "Z" for _, state, _, group in _processes())
+
+
 def descendants(pid: int) -> list[int]:
     """Every living process below pid (children, their children...), read from /proc; whatever session or process
     group they moved to (a server is started in a session of its own)."""
     parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(command)", which may hold spaces
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    for child, _, parent, _ in _processes():
+        parents.setdefault(parent, []).append(child)
     found, todo = [], list(parents.get(pid, []))
     while todo:
         child = todo.pop()
@@ -90,6 +117,16 @@ def stop_descendants(grace_s: float = 5.0) -> None:
             time.sleep(0.05)
         if not alive:
             return
+
+
+def _processes() -> Iterator[tuple[int, str, int, int]]:
+    """(pid, state, parent's pid, process group) of every process, read from /proc."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(command)", which may hold spaces
+            yield int(stat.parent.name), fields[0], int(fields[1]), int(fields[2])
+        except (OSError, IndexError):
+            continue  # gone meanwhile
 
 
 def _reap_children() -> None:

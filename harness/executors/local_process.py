@@ -17,7 +17,7 @@ from typing import Any
 
 from harness.core.forked_process import ForkedProcess, fork_worker
 from harness.core.paths import PROJECT_ROOT
-from harness.core.processes import worker_env
+from harness.core.processes import stop_group, worker_env
 from harness.executors.wire import decode, send
 
 WORKER_MODULE = "harness.executors.worker_main"
@@ -129,16 +129,9 @@ class WorkerHandle:
         except subprocess.TimeoutExpired:
             self.kill()
 
-    def kill(self) -> None:
+    def kill(self, grace: float = 5.0) -> None:
+        """SIGTERM the worker's process group, then SIGKILL what is left of it after grace: the engine processes it
+        started go with it."""
         if self.process is None or self.process.poll() is not None:
             return
-        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                return
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and self.process.poll() is None:
-                time.sleep(0.05)
-            if self.process.poll() is not None:
-                return
+        stop_group(self.process, grace)

@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 
 from adapters.engines.vllm_server import Engine as VllmServer
-from adapters.http.server_process import group_alive
 from harness import models
+from harness.core.processes import group_alive
 from harness.core.types import EngineSetup
 
 from fault_proxy import FaultProxy

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from adapters.http.server_process import group_alive
+from harness.core.processes import group_alive
 
 from helpers import journal_lines, parity, start_parity_run, wait_for, write_scenario
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from adapters.http.server_process import ServerProcess, free_port, group_alive
+from adapters.http.server_process import ServerProcess, free_port
 from harness.core.fork_server import ENV_VAR
 from harness.core.forked_process import ForkedProcess, fork_worker, run_module
+from harness.core.processes import group_alive
 
 
 @pytest.fixture(scope="module")
