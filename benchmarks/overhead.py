@@ -1,6 +1,7 @@
 """Harness overhead against an honest yardstick: `parity run scenarios/quickstart.yaml` vs the same work done plainly.
 
-plain:   in fresh processes, one after the other, each engine's own API at its best settings here, written below:
+plain:   in fresh processes, one after the other, each engine's own API at its best settings here, written below
+         (vLLM's in benchmarks/plain_vllm.py, shared with benchmarks/scale.py):
          HF transformers `from_pretrained` + `generate` (greedy, raw logits kept for top-5 logprobs), then vLLM
          `LLM(model, dtype="float32", enforce_eager=True, max_model_len=512, kv_cache_memory_bytes=64 MiB)` +
          `generate` of the same prompt ids with top-5 logprobs, in-process engine core
@@ -39,6 +40,8 @@ from harness.scenario.spec import load  # noqa: E402
 
 SCENARIO = ROOT / "scenarios" / "quickstart.yaml"
 PLAIN_THREADS = os.environ.get("PLAIN_THREADS", "2")
+PLAIN_VLLM = ROOT / "benchmarks" / "plain_vllm.py"
+VLLM_KV_CACHE_BYTES = 64 * 2**20
 
 # Each plain script prints RESULT {phases}; times are time.monotonic() (one clock for every process here).
 PLAIN_HF = """
@@ -47,7 +50,7 @@ main_at = time.monotonic()
 import torch
 from transformers import AutoModelForCausalLM
 imported = time.monotonic()
-path, prompts, max_new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+path, prompts, max_new = sys.argv[1], json.load(open(sys.argv[2])), int(sys.argv[3])
 model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 loaded = time.monotonic()
 with torch.inference_mode():
@@ -59,24 +62,6 @@ done = time.monotonic()
 print("RESULT " + json.dumps({"main_at": main_at, "imports_s": imported - main_at, "load_s": loaded - imported,
                               "generate_s": done - loaded}), flush=True)
 """
-
-PLAIN_VLLM = """
-import json, sys, time
-main_at = time.monotonic()
-if __name__ == "__main__":
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-    imported = time.monotonic()
-    path, prompts, max_new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
-    llm = LLM(model=path, dtype="float32", enforce_eager=True, max_model_len=512, kv_cache_memory_bytes=64 * 2**20)
-    loaded = time.monotonic()
-    llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts],
-                 SamplingParams(temperature=0.0, max_tokens=max_new, logprobs=5), use_tqdm=False)
-    done = time.monotonic()
-    print("RESULT " + json.dumps({"main_at": main_at, "imports_s": imported - main_at, "load_s": loaded - imported,
-                                  "generate_s": done - loaded}), flush=True)
-"""
-
 
 def plain_env(cache: Path) -> dict[str, str]:
     """The plain scripts' environment: best thread settings here, caches in a directory the run owns."""
@@ -99,12 +84,18 @@ def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
     return wall, cpu, proc.stdout
 
 
-def plain(model_path: Path, prompt_ids: list[list[int]], max_new: int, cache: Path) -> dict:
-    args = [str(model_path), json.dumps(prompt_ids), str(max_new)]
+def plain_commands(model_path: Path, ids_file: Path, max_new: int) -> dict[str, list[str]]:
+    """Each engine's plain script, run one after the other."""
+    args = [str(model_path), str(ids_file), str(max_new)]
+    return {"hf": [sys.executable, "-c", PLAIN_HF, *args],
+            "vllm": [sys.executable, str(PLAIN_VLLM), *args, str(VLLM_KV_CACHE_BYTES)]}
+
+
+def plain(model_path: Path, ids_file: Path, max_new: int, cache: Path) -> dict:
     total = {"wall_s": 0.0, "cpu_s": 0.0}
-    for name, script in (("hf", PLAIN_HF), ("vllm", PLAIN_VLLM)):
+    for name, command in plain_commands(model_path, ids_file, max_new).items():
         spawned = time.monotonic()
-        wall, cpu, out = timed([sys.executable, "-c", script, *args], plain_env(cache))
+        wall, cpu, out = timed(command, plain_env(cache))
         phases = json.loads(next(x for x in out.splitlines() if x.startswith("RESULT "))[7:])
         phases["process_start_s"] = phases.pop("main_at") - spawned
         total["wall_s"] += wall
@@ -149,6 +140,8 @@ def main() -> None:
     effective_cache = models.cache_root() / "effective"
     with tempfile.TemporaryDirectory() as tmp:
         plain_cache = Path(tmp) / "plain-cache"
+        ids_file = Path(tmp) / "prompt-ids.json"
+        ids_file.write_text(json.dumps(prompt_ids))
         for mode in args.modes.split(","):
             rows: dict[str, list[dict]] = {"plain": [], "parity": []}
             for i in range(args.repeats):
@@ -156,7 +149,7 @@ def main() -> None:
                 for side in order:
                     if mode == "cold":
                         empty_caches(effective_cache, plain_cache, models.cache_root() / "compile")
-                    row = plain(model_path, prompt_ids, max_new, plain_cache) if side == "plain" else \
+                    row = plain(model_path, ids_file, max_new, plain_cache) if side == "plain" else \
                         parity(Path(tmp) / f"{mode}-{i}")
                     rows[side].append(row)
                     print(f"{mode} repeat {i + 1} {side:6}: wall {row['wall_s']:.1f} s, cpu {row['cpu_s']:.1f} s",

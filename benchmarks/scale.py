@@ -1,7 +1,8 @@
 """The harness at scale: N generated prompts through one engine, `parity run` vs the same work done plainly with that
 engine's own API at its best batching; then every chosen engine in one `parity run` vs the plain engines side by side.
 
-plain, per engine (each in a fresh process, the same threads as the harness's engines, written below):
+plain, per engine (each in a fresh process, the same threads as the harness's engines, written below; vLLM's in
+benchmarks/plain_vllm.py, shared with benchmarks/overhead.py):
   vllm         LLM(...) and one LLM.generate call of every prompt (its scheduler batches them), top-5 logprobs
   vllm-server  vLLM's own server (python -m vllm.entrypoints.openai.api_server) started by the script, then every
                request in flight at once from a thread pool of httpx clients; timed from the server's start
@@ -60,20 +61,6 @@ import json, sys, time
 main_at = time.monotonic()
 """
 PLAIN = {
-    "vllm": HEAD + """
-if __name__ == "__main__":
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-    imported = time.monotonic()
-    path, prompts, max_new = sys.argv[1], json.load(open(sys.argv[2])), int(sys.argv[3])
-    llm = LLM(model=path, dtype="float32", enforce_eager=True, max_model_len=512, kv_cache_memory_bytes=2**30, seed=0)
-    loaded = time.monotonic()
-    llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts],
-                 SamplingParams(temperature=0.0, max_tokens=max_new, logprobs=5), use_tqdm=False)
-    done = time.monotonic()
-    print("RESULT " + json.dumps({"main_at": main_at, "imports_s": imported - main_at, "load_s": loaded - imported,
-                                  "generate_s": done - loaded}), flush=True)
-""",
     "vllm-server": HEAD + """
 import subprocess, os
 from concurrent.futures import ThreadPoolExecutor
@@ -143,7 +130,9 @@ print("RESULT " + json.dumps({"main_at": main_at, "imports_s": imported - main_a
                               "generate_s": done - loaded}), flush=True)
 """,
 }
-PLAIN["vllm-b"] = PLAIN["vllm"].replace("seed=0)", "seed=0, enable_prefix_caching=False)")
+PLAIN_VLLM = ROOT / "benchmarks" / "plain_vllm.py"  # the vLLM engines' plain script, with these switches
+VLLM_SWITCHES = {"vllm": [], "vllm-b": ["--no-prefix-caching"]}
+VLLM_KV_CACHE_BYTES = 2**30
 BUSY_S = 90  # --same-kind: every core busy this long before each side starts (the 1-minute load average then reads
 #             about 1.6 on 2 cores, a busy machine by the load-average rule the harness used before)
 SCENARIO_ENGINE = {"vllm": "{engine: vllm}", "vllm-b": "{engine: vllm, options: {prefix_caching: false}}",
@@ -185,6 +174,9 @@ def free_port() -> str:
 
 
 def plain_command(engine: str, ids_file: Path, tokens: int, threads: int, model_path: Path, gguf: Path) -> list[str]:
+    if engine in VLLM_SWITCHES:
+        return [sys.executable, str(PLAIN_VLLM), str(model_path), str(ids_file), str(tokens), str(VLLM_KV_CACHE_BYTES),
+                *VLLM_SWITCHES[engine]]
     return [sys.executable, "-c", PLAIN[engine], str(model_path), str(ids_file), str(tokens), str(threads),
             str(gguf) if engine == "llama.cpp" else free_port()]
 
