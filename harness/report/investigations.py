@@ -5,36 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from harness.render.html_parts import esc, svg_plot
 from harness.render.page import Page
 from harness.report.sections import ReportSection
+from harness.rundir.localisations import ExplainFile
 from harness.rundir.store import read_json
-
-
-class _CurvePoint(BaseModel):
-    layer: int
-    error: float
-    floor: float
-
-
-class _Localisation(BaseModel):
-    case_id: str
-    engine: str
-    reference: str
-    cause: str
-    verdict: str
-    curve: list[_CurvePoint] = Field(default_factory=list)
-    routing: dict[str, Any] | None = None
-
-
-class _Explained(BaseModel):
-    """What the report reads of explain/localisation.json (written by `parity explain`)."""
-
-    k: float
-    floor: str
-    localisations: list[_Localisation]
 
 
 class _Transplanted(BaseModel):
@@ -48,7 +25,7 @@ class _Transplanted(BaseModel):
 
 def _explain_section(page: Page) -> str:
     """parity explain's localisations, each with the residual-stream error curve against the noise floor."""
-    data = read_json(page.run_dir, "explain/localisation.json", _Explained)
+    data = read_json(page.run_dir, "explain/localisation.json", ExplainFile)
     if data is None:
         return ""
     out = [f"<h2 id='explain'>Explain</h2><p>Noise floor: {esc(data.floor)}; a capture point leaves it when its "
