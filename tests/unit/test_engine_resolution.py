@@ -58,9 +58,10 @@ def counted(monkeypatch) -> dict[str, int]:
     return counts
 
 
-def test_run_and_explain_plan_from_one_resolution_per_engine(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def scenario_file(tmp_path: Path) -> Path:
+    """Two HF engines applying the scenario's adapter, one with a drift verdict and an invariance knob."""
     base, adapter = model_and_adapter(tmp_path)
-    scenario = load(write_scenario(tmp_path / "s.yaml", f"""\
+    return write_scenario(tmp_path / "s.yaml", f"""\
 model: {base}
 lora: {adapter}
 engines:
@@ -68,7 +69,11 @@ engines:
   other: {{engine: hf, drift: {{}}, invariance: [batch]}}
 prompts: [{{id: p, text: hi}}, {{id: q, text: there}}]
 params: {{temperature: 0, max_new_tokens: 2}}
-"""))
+""")
+
+
+def test_run_and_explain_plan_from_one_resolution_per_engine(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    scenario = load(scenario_file(tmp_path))
     counted = request.getfixturevalue("counted")  # from here on: the command's work
     ready, _ = runnable(scenario, Selection())  # `parity run`: the engines chosen (and resolved)
     run_dir = tmp_path / "run"
@@ -87,3 +92,16 @@ params: {{temperature: 0, max_new_tokens: 2}}
     assert {p.load_key for p in base_plans} == set(kept) == set(reused) == {p.load_key for p in (*passes[:2], rows)}
     assert [p.dtype for p in passes] == ["float32", "float32", "float64"]
     assert all(p.setup.lora is not None and p.setup.lora.rank == 2 for p in (*plans, *passes, rows))
+
+
+def test_an_engine_resolved_before_its_run_is_not_resolved_again(tmp_path: Path,
+                                                                 request: pytest.FixtureRequest) -> None:
+    """explain and transplant resolve the engines whose loads they keep before the run starts; the run keeps those
+    records. Planning an engine nobody resolved is a mistake of the harness, said as such."""
+    scenario = load(scenario_file(tmp_path))
+    counted = request.getfixturevalue("counted")
+    with pytest.raises(LookupError, match="engine ref of .* is planned before it was resolved"):
+        engine_plan(scenario, "ref", tmp_path, [])
+    early = scenario.with_resolved(["ref"])
+    ready, _ = runnable(early, Selection())
+    assert counted == {"model": 2, "adapter": 2} and ready.engine("ref") is early.engine("ref")
