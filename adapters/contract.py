@@ -51,6 +51,9 @@ class Requirement:
 class Capabilities:
     logprobs: bool = True  # per-step top-k logprobs of the raw distribution
     traces: bool = False  # teacher-forced passes capturing per-layer points (parity explain)
+    # a traced pass can start each decoder layer from the reference's rows of its input (adapters.tracing.forcing),
+    # where the engine's architecture map for the model has per-layer taps
+    forced_layers: bool = False
     samples: bool = False  # N seeded samples of the first tokens per request (sampling parity)
     dtypes: tuple[str, ...] = DTYPES  # dtypes it runs; float64 here means it can serve as the noise floor
     server: bool = False  # talks HTTP to a server (started by the harness or attached by url)

@@ -31,7 +31,8 @@ from adapters.engines.hf_kwargs import as_list, decode_text, generate_kwargs
 from adapters.engines.hf_lora import RULES as LORA_RULES
 from adapters.engines.hf_lora import with_adapter
 from adapters.tracing.arch_maps import ArchMap
-from adapters.tracing.capture import LOGITS_SLICE, Capture, run_traces
+from adapters.tracing.capture import LOGITS_SLICE, Capture, layer_inputs, run_traces
+from adapters.tracing.forcing import LayerInputs
 from harness.core.points import layer_point, parse
 from harness.core.types import EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
 from harness.core.vocabulary import SamplingParams
@@ -161,13 +162,17 @@ class Engine:
             setup.workdir
         self.torch = torch
         self.model_path = setup.model_path
+        weights = setup.weights_dtype or setup.dtype  # the noise floor: the run's weights, then higher precision
         self.model = AutoModelForCausalLM.from_pretrained(
-            setup.model_path, dtype=getattr(torch, setup.dtype), attn_implementation=self.options.attn_implementation,
+            setup.model_path, dtype=getattr(torch, weights), attn_implementation=self.options.attn_implementation,
             **experts_kwargs(setup.model_path, setup.dtype))
         self.lora = setup.lora
-        self.model = with_adapter(self.model, setup.lora, setup.dtype).eval().to(self.options.device)
+        self.model = with_adapter(self.model, setup.lora, weights).eval().to(self.options.device)
+        if setup.weights_dtype:
+            self.model.to(getattr(torch, setup.dtype))
         apply_patch(self.options.patch, self.model)  # on the device: a fused projection is made of its weights
         self.capture: Capture | None = None  # hooks attached on the first trace: idle outside a traced pass
+        self.forcing: LayerInputs | None = None
         self.eos_ids = set(as_list(self.model.generation_config.eos_token_id))
 
     @functools.cached_property
@@ -326,6 +331,7 @@ class Engine:
         torch = self.torch
         if self.capture is None:
             self.capture = self._capture()
+            self.forcing = layer_inputs(self.model, self.capture, self.model.config.num_hidden_layers)
         capture = self.capture
 
         cap_name = capture.arch.logits_softcap
@@ -351,7 +357,7 @@ class Engine:
             with threads_for(torch, request.threads):
                 for result in run_traces(self.name, capture, [request], self.workdir, store, forward,
                                          {"engine": DESCRIPTION.name, "dtype": self.dtype},
-                                         after=self._adapter_metadata):
+                                         after=self._adapter_metadata, forcing=self.forcing):
                     result.threads = torch.get_num_threads()
                     yield result
 
@@ -375,8 +381,9 @@ class Engine:
             capture.deliver("logits", logits[-keep:])
 
     def close(self) -> None:
-        if self.capture is not None:
-            self.capture.close()
+        for hooks in (self.capture, self.forcing):
+            if hooks is not None:
+                hooks.close()
         self.model = None
 
 
@@ -436,7 +443,8 @@ DESCRIPTION = EngineDescription(
     options=Options, on_cuda=lambda options: None if options.device == "cpu" else
     f"its options say device: {options.device}; device: cpu runs it on the CPU",
     requirement=Requirement(module="transformers", distribution="transformers"),
-    capabilities=Capabilities(traces=True, samples=True, dtypes=(*DTYPES, "float64"), beam_search=True),
+    capabilities=Capabilities(traces=True, forced_layers=True, samples=True, dtypes=(*DTYPES, "float64"),
+                              beam_search=True),
     batch_size=16,  # generate() keeps every step's logits of the batch: 16 rows of SmolLM2 x 32 steps are 100 MB
     sampling=lambda options: SamplingCode("adapters.sampling.hf"), knobs=knobs,
     worker_reuse=lambda options: (), lora=LORA_RULES)

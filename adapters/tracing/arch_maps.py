@@ -29,11 +29,13 @@ class Tap:
     # len(points) tensor arguments) | sum (of a 2-tuple output) | each (element of a tuple output)
     split: tuple[str, ...] = ()  # size names (see sizes()) splitting the last dimension into `points`
     heads_first: bool = False  # [batch, heads, seq, head_dim] (HF's per-head q/k norms), not [batch, seq, ...]
+    arg: int = 0  # take "input": which tensor argument (vLLM's layer(positions, hidden_states, ...): 1)
 
 
-def tap(points: str, module: str, take: str = "output", split: tuple[str, ...] = (), heads_first: bool = False) -> Tap:
+def tap(points: str, module: str, take: str = "output", split: tuple[str, ...] = (), heads_first: bool = False,
+        arg: int = 0) -> Tap:
     """A Tap with its points written as one space-separated string: tap("q k v", "self_attn.qkv_proj", ...)."""
-    return Tap(tuple(points.split()), module, take, split, heads_first)
+    return Tap(tuple(points.split()), module, take, split, heads_first, arg)
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,21 @@ class Routes:
 
 
 @dataclass(frozen=True)
+class Feed:
+    """Where a layer-forced pass puts the reference's rows (adapters.tracing.forcing): the positional argument of a
+    decoder layer (and of the final norm) that holds its input hidden states; the one holding the residual, where the
+    engine carries it apart (vLLM's `layer(positions, hidden_states, residual)` and `norm(hidden_states, residual)`:
+    the rows go in as the hidden states and the residual as zeros, so the engine's own fused add gives back the rows);
+    and the keyword of the model's forward that says each row's position ("": the rows are positions 0..n-1 of one
+    sequence, HF's batch of one)."""
+
+    hidden: int = 0
+    residual: int | None = None
+    norm_residual: int | None = None
+    positions: str = ""
+
+
+@dataclass(frozen=True)
 class ArchMap:
     name: str
     layers: str  # path of the decoder layer list
@@ -74,6 +91,12 @@ class ArchMap:
     logits_softcap: str = ""  # config attribute of a final-logit soft cap the adapter applies to lm_head's output
     routes: Routes | None = None  # a mixture-of-experts family: where each layer's chosen experts are returned
     missing: str = ""  # a logits-only stand-in: why there is no per-layer map (the adapter delivers the logits)
+    feed: Feed = Feed()  # where a layer-forced pass puts the reference's rows
+
+    @property
+    def final_norm(self) -> str:
+        """The module path of the final norm (what the last layer's output goes into), "" where the map has none."""
+        return next((t.module for t in self.after if t.points == ("final_norm",)), "")
 
     @property
     def logits_only(self) -> bool:

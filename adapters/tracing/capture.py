@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.tracing.arch_maps import ArchMap, Tap
+from adapters.tracing.forcing import LayerInputs
 from adapters.tracing.routes import RouteCapture
 from adapters.tracing.writer import TraceWriter
 from harness.core.points import layer_point
@@ -85,7 +86,7 @@ class Capture:
             return
         tensors = [a for a in args if hasattr(a, "shape")]
         if tap.take == "input":
-            self._on_tensor(tap, names, tensors[0])
+            self._on_tensor(tap, names, tensors[tap.arg])
             return
         for name, tensor in zip(names, tensors, strict=False):
             self._emit(name, tensor, tap)
@@ -233,25 +234,42 @@ def trace_result(engine_name: str, request: TraceRequest, path: Path, points: li
 
 def run_traces(engine_name: str, capture: Capture, requests: list[TraceRequest], workdir: Path, store_dtype: Any,
                forward: Callable[[list[int], int], None], metadata: dict[str, str],
-               keep: tuple[str, ...] = (), after: Callable[[], dict[str, str]] = dict) -> Iterator[TraceResult]:
+               keep: tuple[str, ...] = (), after: Callable[[], dict[str, str]] = dict,
+               forcing: LayerInputs | None = None) -> Iterator[TraceResult]:
     """One teacher-forced pass per request, its capture points streamed to workdir/traces/<case>.safetensors.
     forward(token_ids, logits_from) runs the model and computes the logits from position logits_from on; `keep`:
     points it reads back from capture.keep; `after`: metadata read from the engine once a pass has run (what it
-    loads on a first request, as vLLM its adapter)."""
+    loads on a first request, as vLLM its adapter); `forcing`: the engine's layer-input hooks, for requests that
+    name the reference's trace to start each layer from (inputs_from; None: the engine cannot force its layers and
+    runs them free, which its result says)."""
     for request in requests:
         path = trace_path(workdir, request)
         writer = trace_writer(request, path, store_dtype)
         logits_from = logits_start(request)
+        source = request.inputs_from if forcing is not None else None
         capture.begin(writer, len(request.token_ids), request.points, keep, logits_from)
         started = time.perf_counter()
-        about = {**metadata, "arch": capture.arch.name, "case_id": request.case_id}
+        about = {**metadata, "arch": capture.arch.name, "case_id": request.case_id,
+                 "forced": str(source is not None).lower()}
         try:
+            if forcing is not None and source is not None:
+                forcing.begin(Path(source))
             forward(request.token_ids, logits_from)
             routes = capture.end(path, about)
         except BaseException:
             capture.abort()
             writer.discard()
             raise
+        finally:
+            if forcing is not None:
+                forcing.end()
         points = writer.close({**about, "fused": ",".join(capture.arch.fused), "prompt_len": str(request.prompt_len),
                                "logits_from": str(logits_from), "missing_map": capture.arch.missing, **after()})
-        yield trace_result(engine_name, request, path, points, writer, started, routes)
+        result = trace_result(engine_name, request, path, points, writer, started, routes)
+        result.forced = source is not None
+        yield result
+
+
+def layer_inputs(model: Any, capture: Capture, num_layers: int) -> LayerInputs | None:
+    """The layer-input hooks of a model whose map can force its layers (None where it cannot)."""
+    return None if LayerInputs.possible(capture.arch) else LayerInputs(model, capture.arch, num_layers)

@@ -67,10 +67,11 @@ GPT2 = ArchMap(
 )
 
 # Gemma 2: sandwich norms around attention and MLP, attention soft-capping inside the kernel, a final-logit soft cap,
-# embeddings scaled by sqrt(hidden) after embed_tokens (in vLLM too), so they are taken at layer 0's input norm
+# embeddings scaled by sqrt(hidden) after embed_tokens (in vLLM too), so they are taken at layer 0's input (before a
+# layer-forced pass replaces it: adapters.tracing.forcing)
 GEMMA2 = ArchMap(
     "hf-gemma2", "model.layers",
-    before=(tap("embeddings", "model.layers.0.input_layernorm", "input"),),
+    before=(tap("embeddings", "model.layers.0", "input"),),
     per_layer=(
         tap("input_norm", "input_layernorm"),
         tap("q", "self_attn.q_proj"), tap("k", "self_attn.k_proj"), tap("v", "self_attn.v_proj"),

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from adapters.tracing.arch_maps import ArchMap, Routes, tap
+from adapters.tracing.arch_maps import ArchMap, Feed, Routes, tap
 
 QKV = tap("q k v", "self_attn.qkv_proj", split=("q", "kv", "kv"))
 ROPED = tap("q_rope k_rope", "self_attn.attn", "inputs")  # rotary_emb is one module shared by all layers
 GATE_UP = tap("gate up", "mlp.gate_up_proj", split=("ffn", "ffn"))
 LOGITS = tap("logits", "logits_processor")
+# layer(positions, hidden_states, residual), norm(hidden_states, residual); positions from the runner's forward call
+RESIDUAL_APART = Feed(hidden=1, residual=2, norm_residual=1, positions="positions")
 
 LLAMA = ArchMap(
     "vllm-llama", "model.layers",
@@ -30,6 +32,7 @@ LLAMA = ArchMap(
     ),
     after=(tap("final_norm", "model.norm"), LOGITS),
     fused=("q", "k", "v", "gate", "up"),
+    feed=RESIDUAL_APART,
 )
 
 # Qwen 3: q_norm and k_norm take [tokens, heads, head_dim], between qkv_proj and rope
@@ -48,6 +51,7 @@ OPT = ArchMap(
     ),
     after=(tap("final_norm", "model.decoder.final_layer_norm"), LOGITS),
     fused=("q", "k", "v"),
+    feed=Feed(positions="positions"),  # layer(hidden_states): the residual is added inside
 )
 
 # GPT-2: the block adds its own residuals and returns one tensor; learned positions are added before layer 0
@@ -62,14 +66,15 @@ GPT2 = ArchMap(
     ),
     after=(tap("final_norm", "transformer.ln_f"), LOGITS),
     fused=("q", "k", "v"),
+    feed=Feed(positions="positions"),
 )
 
 # Gemma 2: with a residual, the pre-MLP norm returns (normed, residual) and adds the attention branch into the
 # residual, which the layer returns beside the post-MLP norm's output; embeddings scaled after embed_tokens, so they
-# are taken at layer 0's input norm (as in HF)
+# are taken at layer 0's input (its hidden_states argument, as in HF)
 GEMMA2 = ArchMap(
     "vllm-gemma2", "model.layers",
-    before=(tap("embeddings", "model.layers.0.input_layernorm", "input"),),
+    before=(tap("embeddings", "model.layers.0", "input", arg=1),),
     per_layer=(
         tap("input_norm", "input_layernorm"), QKV, ROPED,
         tap("attn", "self_attn.o_proj", "input"), tap("o_proj", "self_attn.o_proj"),
@@ -80,6 +85,7 @@ GEMMA2 = ArchMap(
     ),
     after=(tap("final_norm", "model.norm"), LOGITS),
     fused=("q", "k", "v", "gate", "up"),
+    feed=RESIDUAL_APART,
 )
 
 # Gemma 3 (text): Gemma 2's layout with q_norm and k_norm ([tokens, heads, head_dim]) before rope

@@ -46,6 +46,9 @@ class EngineSetup(Record):
     trace: bool = False
     max_context: int | None = None
     lora: LoraSetup | None = None  # an adapter applied at serving time (the scenario's or the engine's `lora:`)
+    # the dtype the weights (and adapter) are rounded to before the model is cast to `dtype`: the noise floor computes
+    # on the run's own weights in higher precision (None: loaded at `dtype`)
+    weights_dtype: str | None = None
 
 
 class Request(Record):
@@ -132,6 +135,9 @@ class TraceRequest(Record):
     keep: list[str] | None = None
     trace_dir: str | None = None  # where the trace file goes (None: the engine's traces folder)
     threads: int | None = None  # threads the pass may use, where the engine can change them per pass (None: its own)
+    # a layer-forced pass: the reference's trace whose rows of each decoder layer's input (the embeddings, the residual
+    # stream after the layer before) replace the engine's own, so each layer's points measure what that layer adds
+    inputs_from: str | None = None
 
 
 class TraceResult(Record):
@@ -148,6 +154,7 @@ class TraceResult(Record):
     errors: str = ""  # a compared pass (TraceRequest.against): its per-position metrics file
     routes: str = ""  # a mixture-of-experts model: the chosen experts' table (adapters.tracing.routes)
     threads: int | None = None  # threads the pass ran on, where the engine sets them per pass (TraceRequest.threads)
+    forced: bool = False  # its layers started from the reference's rows (TraceRequest.inputs_from)
 
     @classmethod
     def engine_error(cls, case_id: str, engine: str, error: str) -> TraceResult:

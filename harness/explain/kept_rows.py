@@ -10,6 +10,7 @@ partial pass of the engine (only those points captured), served by the engine st
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,11 +21,13 @@ import pandas as pd
 from harness.core.types import Result, TraceRequest, TraceResult
 from harness.executors.engine_runs import EngineOutcome, Progress, run_engines
 from harness.explain.localise import Localisation
+from harness.explain.trace_passes import FREE
 from harness.plan.plans import engine_plan
 from harness.rundir.traces import Trace, trace_file_name, write_arrays
 from harness.scenario.spec import LoadedScenario
 
 STORED = {"F32": np.float32, "F64": np.float64}
+PARTIAL = ".layers"  # an engine's folder for its partial passes' traces, merged into its kept traces and removed
 
 
 @dataclass
@@ -53,26 +56,38 @@ def keep_rows(scenario: LoadedScenario, run_dir: Path, requests: list[TraceReque
     layers = _divergent_layers(per_point, localisations)
     kept = Kept()
     by_engine: dict[str, list[TraceRequest]] = {}
+    logits: dict[tuple[str, str], Path] = {}  # (engine, case) -> the trace its kept logits rows come from
     for request in requests:
         wanted_by_ref = sorted({p for (_, case), points in layers.items() if case == request.case_id for p in points})
         source = reference_trace(ref, request.case_id)
         if source is not None and source.exists():
-            _copy(source, run_dir / "engines" / ref / "traces", request.case_id, ["logits", *wanted_by_ref])
+            _copy([(source, ["logits", *wanted_by_ref])], run_dir / "engines" / ref / "traces", request.case_id)
         for name in scenario.spec.engines:
             result = traces.get((name, request.case_id))
             if name == ref or not isinstance(result, TraceResult) or result.status != "ok":
                 continue
+            free = traces.get((name + FREE, request.case_id))  # a forced pass's engine: its own layers' logits
+            logits[(name, request.case_id)] = Path(free.path if isinstance(free, TraceResult) and
+                                                   free.status == "ok" else result.path)
             points = layers.get((name, request.case_id))
-            if points:
-                by_engine.setdefault(name, []).append(request.model_copy(update={"points": [*points, "logits"]}))
+            if points:  # the layer's rows as the traced pass made them: forced where it was
+                inputs = str(source) if result.forced and source is not None else None
+                by_engine.setdefault(name, []).append(request.model_copy(update={
+                    "points": points, "inputs_from": inputs, "trace_dir": str(run_dir / "engines" / name / PARTIAL)}))
             else:
-                _copy(Path(result.path), run_dir / "engines" / name / "traces", request.case_id, ["logits"])
+                _copy([(logits[(name, request.case_id)], ["logits"])], run_dir / "engines" / name / "traces",
+                      request.case_id)
     plans = [engine_plan(scenario, name, run_dir, reqs, op="trace") for name, reqs in by_engine.items()]
     if plans:
         outcomes, _ = run_engines(plans, parallel, progress)
         kept.outcomes = {f"{name}@layers": outcome for name, outcome in outcomes.items()}
-        kept.notes += [f"{cid}: {name}: the divergent layer's rows were not kept ({r.error})"
-                       for name, o in outcomes.items() for cid, r in o.results.items() if r.status != "ok"]
+        for name, outcome in outcomes.items():
+            for cid, partial in outcome.results.items():
+                rows = [(Path(partial.path), layers[(name, cid)])] if partial.status == "ok" else []
+                _copy([*rows, (logits[(name, cid)], ["logits"])], run_dir / "engines" / name / "traces", cid)
+                if partial.status != "ok":
+                    kept.notes.append(f"{cid}: {name}: the divergent layer's rows were not kept ({partial.error})")
+            shutil.rmtree(run_dir / "engines" / name / PARTIAL, ignore_errors=True)
     return kept
 
 
@@ -88,13 +103,16 @@ def _divergent_layers(per_point: list[pd.DataFrame], localisations: list[Localis
     return found
 
 
-def _copy(source: Path, folder: Path, case_id: str, points: list[str]) -> None:
-    """The named points of a trace (those it has), every row, into folder/<case>.safetensors."""
-    trace = Trace(source)
-    arrays = {}
-    for point in points:
-        if point in trace.tensors:
-            first, end = trace.span(point)
-            arrays[point] = trace.rows(point, first, end).astype(STORED[trace.tensors[point]["dtype"]])
+def _copy(sources: list[tuple[Path, list[str]]], folder: Path, case_id: str) -> None:
+    """The named points of each trace (those it has), every row, into folder/<case>.safetensors (the first trace's
+    metadata)."""
+    arrays, metadata = {}, None
+    for source, points in sources:
+        trace = Trace(source)
+        metadata = trace.metadata if metadata is None else metadata
+        for point in points:
+            if point in trace.tensors:
+                first, end = trace.span(point)
+                arrays[point] = trace.rows(point, first, end).astype(STORED[trace.tensors[point]["dtype"]])
     folder.mkdir(parents=True, exist_ok=True)
-    write_arrays(folder / trace_file_name(case_id), arrays, trace.metadata)
+    write_arrays(folder / trace_file_name(case_id), arrays, metadata or {})

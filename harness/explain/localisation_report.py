@@ -30,16 +30,17 @@ def sparkline(values: list[float]) -> str:
     return "".join(out)
 
 
-def curve_line(curve: list[dict[str, Any]], k: float | None = None) -> str:
-    """One line: residual-stream error per layer as bars, its range, and the largest error/floor ratio against the
-    threshold (k x the floor)."""
+def curve_line(curve: list[dict[str, Any]], k: float | None = None, forced: bool = False) -> str:
+    """One line: residual-stream error per layer as bars (forced: what each layer adds), its range, and the largest
+    error/floor ratio against the threshold (k x the floor)."""
     if not curve:
         return "error curve: no layers compared"
     errors = [c["error"] for c in curve]
     ratios = [c["error"] / c["floor"] for c in curve if c["floor"] > 0 and math.isfinite(c["error"])]
     largest = max(ratios or [0])
     threshold = f", {'above' if largest > k else 'below'} the threshold ({k:g}x the floor)" if k else ""
-    return (f"residual error by layer {curve[0]['layer']}..{curve[-1]['layer']}: {sparkline(errors)} "
+    what = "error each layer adds" if forced else "residual error by layer"
+    return (f"{what} {curve[0]['layer']}..{curve[-1]['layer']}: {sparkline(errors)} "
             f"{min(errors):.2g} .. {max(errors):.2g} (max {largest:.2g}x the floor{threshold})")
 
 
@@ -49,7 +50,7 @@ def localisation_lines(loc: dict[str, Any]) -> list[str]:
         fd = loc["first_difference"]
         lines.append(f"  first difference: {fd['point']} (relative error {fd['error']:.3g})")
     if loc.get("curve"):
-        lines.append(f"  {curve_line(loc['curve'], loc.get('k'))}")
+        lines.append(f"  {curve_line(loc['curve'], loc.get('k'), bool(loc.get('forced')))}")
     return lines
 
 
@@ -70,16 +71,22 @@ def write_markdown(path: Path, scenario: str, run_id: str, meta: dict[str, Any],
     lines = [f"# explain: {scenario}, run {run_id}", "",
              f"- noise floor: {meta['floor']}; a capture point leaves it when its relative error exceeds "
              f"{meta['k']:g} x the floor", f"- cases: {', '.join(meta['cases']) or 'none'}"]
+    if meta.get("forced"):
+        lines.append(f"- layer-forced (each layer started from the reference's input): {', '.join(meta['forced'])}")
+    if meta.get("free_floor"):
+        lines.append(f"- the engines whose layers ran free: {meta['free_floor']}")
     lines += [f"- note: {n}" for n in meta["notes"]]
     for loc in meta["localisations"]:
+        k = loc.get("k") or meta["k"]
         lines += ["", f"## {loc['case_id']}: {loc['engine']} vs {loc['reference']}", "",
                   f"**{loc['cause']}**: {loc['verdict']}", ""]
         out = loc.get("out_of_floor")
         if out:
-            lines += [f"| point | component | error | floor | x floor (threshold {meta['k']:g}x) | x inputs | "
+            error = out.get("block_error", out["error"])
+            lines += [f"| point | component | error | floor | x floor (threshold {k:g}x) | x inputs | "
                       "worst position |",
                       "|---|---|---|---|---|---|---|",
-                      f"| {out['point']} | {out['cause']} | {out['error']:.3g} | {out['floor']:.3g} | "
+                      f"| {out['point']} | {out['cause']} | {error:.3g} | {out['floor']:.3g} | "
                       f"{out['ratio']:.3g} | {out.get('jump', float('nan')):.3g} | {out['position']} |", ""]
         d = loc.get("divergence")
         if d:
@@ -92,8 +99,10 @@ def write_markdown(path: Path, scenario: str, run_id: str, meta: dict[str, Any],
                              f"{d[forced + '_margin']:.3g} |")
             lines.append("")
         if loc.get("curve"):
-            lines += ["Residual stream after each layer (relative L2 at the worst position):", "",
-                      f"| layer | error | floor | x floor (threshold {meta['k']:g}x) |", "|---|---|---|---|"]
+            what = ("What each layer adds to the residual stream, started from the reference's input (relative L2, "
+                    "RMS over its worst block of positions):" if loc.get("forced") else
+                    "Residual stream after each layer (relative L2 at the worst position):")
+            lines += [what, "", f"| layer | error | floor | x floor (threshold {k:g}x) |", "|---|---|---|---|"]
             lines += [f"| {c['layer']} | {c['error']:.3g} | {c['floor']:.3g} | {c['error'] / c['floor']:.3g} |"
                       for c in loc["curve"]]
         if loc.get("routing"):

@@ -15,10 +15,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from harness.core.points import COMPONENT, parse
 from harness.explain import routing as routes
+from harness.explain.layer_floor import block_words, sensitivity
+from harness.rundir.localisations import Localisation
 
 Decode = Callable[[int], str]
 
@@ -49,24 +51,6 @@ class Divergence(BaseModel):
         return not (self.ref_took_argmax and self.engine_took_argmax)
 
 
-class Localisation(BaseModel):
-    case_id: str
-    engine: str
-    reference: str
-    # prompt | hazard | component | logits (beyond the floor where only the logits were compared) | sampler |
-    # near_tie | ending | none | no_trace | untraced | length (a difference only a pass up to the divergent step shows)
-    cause: str
-    verdict: str
-    k: float | None = None  # the threshold: a point leaves the noise floor above k x the floor
-    first_step: int | None = None
-    divergence: dict[str, Any] | None = None
-    first_difference: dict[str, Any] | None = None
-    out_of_floor: dict[str, Any] | None = None
-    curve: list[dict[str, Any]] = Field(default_factory=list)
-    routing: dict[str, Any] | None = None  # a mixture-of-experts model: the first routing difference and the grid
-    adapter: dict[str, Any] | None = None  # LoRA at serving time: the engines' updates compared (adapter_reading)
-
-
 def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
@@ -88,39 +72,47 @@ def candidate_cause(point: str, component: str, fused_ref: set[str], fused_engin
     return component
 
 
-def jump(points: pd.DataFrame, index: int) -> float:
+def jump(points: pd.DataFrame, index: int, forced: bool = False) -> float:
     """How much a point's error exceeds the largest error among what feeds it: the points before it in its layer
-    and the residual stream entering the layer."""
+    and the residual stream entering the layer (a forced pass: its layer started from the reference's input, so the
+    points before it in its layer only). The errors compared are the judged ones (a forced pass: each point's worst
+    block)."""
+    column = "block_error" if forced else "error"
     row = points.iloc[index]
     before = points.iloc[:index]
-    same_layer = before[before["layer"] == row["layer"]]["error"]
-    incoming = before[before["point"].str.endswith(".residual") | (before["point"] == "embeddings")]["error"].tail(1)
-    inputs = pd.concat([same_layer, incoming]).max() if index else 0.0
-    return float(row["error"] / inputs) if inputs and inputs > 0 else float("inf")
+    same_layer = before[before["layer"] == row["layer"]][column]
+    incoming = before[before["point"].str.endswith(".residual") | (before["point"] == "embeddings")][column].tail(1)
+    inputs = pd.concat([same_layer] if forced else [same_layer, incoming]).max() if index else 0.0
+    return float(row[column] / inputs) if inputs and inputs > 0 else float("inf")
 
 
 def error_curve(points: pd.DataFrame) -> list[dict[str, Any]]:
+    """The residual stream's error and floor by layer (a forced pass: what each layer adds, its worst block's)."""
     residual = points[points["point"].str.endswith(".residual")]
-    return [{"layer": int(r.layer), "error": float(r.error), "floor": float(r.floor)} for r in residual.itertuples()]
+    column = "block_error" if "block_error" in points else "error"
+    return [{"layer": int(layer), "error": float(error), "floor": float(floor)}
+            for layer, error, floor in zip(residual["layer"], residual[column], residual["floor"], strict=True)]
 
 
 def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str, prompt_equal: bool,
              divergence: Divergence | None, nonfinite: dict[str, dict[str, int]], fused: dict[str, set[str]],
              param_note: str, k: float, decode: Decode, ending: str = "", missing_map: str = "",
              near_tie: bool = False, routing: pd.DataFrame | None = None,
-             adapter: dict[str, Any] | None = None) -> Localisation:
-    """points: against_floor() output for this engine vs the reference, in forward order. ending: how the engines
-    stop at different steps when the run judged them apart with no differing token to look at. missing_map: why
-    no point inside the model was captured by both (only the logits were compared). near_tie: the run judged the
-    divergence a near-tie. routing: both engines' chosen experts compared (harness.explain.routing.classify).
-    adapter: both engines' LoRA updates compared (harness.explain.adapter_reading.compare)."""
+             adapter: dict[str, Any] | None = None, forced: bool = False) -> Localisation:
+    """points: against_floor() (or, forced, against_forced_floor()) output for this engine vs the reference, in
+    forward order. ending: how the engines stop at different steps when the run judged them apart with no differing
+    token to look at. missing_map: why no point inside the model was captured by both (only the logits were
+    compared). near_tie: the run judged the divergence a near-tie. routing: both engines' chosen experts compared
+    (harness.explain.routing.classify). adapter: both engines' LoRA updates compared
+    (harness.explain.adapter_reading.compare). forced: the engine's layers started from the reference's input."""
     if set(points["point"]) <= {"logits"}:
         return _logits_only(points, case_id=case_id, engine=engine, reference=reference, prompt_equal=prompt_equal,
                             divergence=divergence, nonfinite=nonfinite, k=k, decode=decode, ending=ending,
                             missing_map=missing_map, near_tie=near_tie, param_note=param_note)
     base = dict(case_id=case_id, engine=engine, reference=reference, k=k,
                 first_step=divergence.step if divergence else None,
-                divergence=divergence.model_dump() if divergence else None, curve=error_curve(points))
+                divergence=divergence.model_dump() if divergence else None, curve=error_curve(points),
+                forced=forced, sensitivity=sensitivity(points) if forced else None)
     overall = routes.reading(routing) if routing is not None else None
     said_after = f" Routing: {routes.sentence(overall, engine)}." if overall else ""  # routing and LoRA readings
     if overall:
@@ -146,13 +138,18 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
         row = points.iloc[index]
         cause = candidate_cause(row["point"], row["component"], fused.get(reference, set()),
                                 fused.get(engine, set()), reference, engine)
-        grew = jump(points, index)
+        grew = jump(points, index, forced)
         base["out_of_floor"] = {"point": row["point"], "layer": int(row["layer"]), "component": row["component"],
                                 "cause": cause, "error": float(row["error"]), "floor": float(row["floor"]),
                                 "ratio": float(row["ratio"]), "jump": grew, "position": int(row["worst_position"]),
                                 "first_position": int(row.get("first_out_position", row["worst_position"]))}
+        if forced:
+            base["out_of_floor"].update(block_error=float(row["block_error"]), block_start=int(row["block_start"]))
         origin = ("its inputs agree exactly, so the difference starts here" if grew == float("inf")
                   else f"{_fmt(grew)}x the error of its inputs")
+        if forced:
+            origin = ("its layer started from the reference's input, so the difference starts in this layer" +
+                      ("" if grew == float("inf") else f" ({_fmt(grew)}x the error of the points before it there)"))
         since = base["out_of_floor"]["first_position"]
         moe = _moe_reading(routing, row, engine) if routing is not None else None
         if moe:
@@ -160,15 +157,22 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
         if adapter and adapter["kind"] != "same":
             base["out_of_floor"]["adapter"] = adapter["kind"]
             cause, said_after = f"{cause}; the LoRA adapter: {adapter['sentence']}", ""
-        verdict = (f"{_where(row['point'])} leaves the noise floor first (from position {since}): relative error "
-                   f"{_fmt(row['error'])} is "
-                   f"{_fmt(row['ratio'])}x the floor ({_fmt(row['floor'])}; threshold {k:g}x), {origin}. Candidate "
-                   f"cause: {cause}. {step_note}.{said_after}")
+        measured = (f"relative error {_fmt(row['block_error'])} over "
+                    f"{block_words(int(row['block']), int(row['block_start']))} (RMS over a block) is "
+                    f"{_fmt(row['ratio'])}x the floor there ({_fmt(row['floor'])}; threshold {k:g}x)"
+                    if forced else f"relative error {_fmt(row['error'])} is {_fmt(row['ratio'])}x the floor "
+                    f"({_fmt(row['floor'])}; threshold {k:g}x)")
+        verdict = (f"{_where(row['point'])} leaves the noise floor first (from position {since}): {measured}, "
+                   f"{origin}. Candidate cause: {cause}. {step_note}.{said_after}")
         benign = moe is not None and moe[0] == "near_tie_flip"
         return Localisation(cause="near_tie" if benign else "component", verdict=verdict, **base)
     worst = points.loc[points["ratio"].idxmax()]
     within = (f"every capture point stays below the threshold ({k:g}x the floor; largest: {_where(worst['point'])} at "
               f"{_fmt(worst['ratio'])}x the floor)")
+    if base["sensitivity"]:
+        reach = base["sensitivity"]
+        within += (f"; none above {reach['threshold']:.2%} (the largest threshold, at {_where(reach['point'])}: a "
+                   "change in any block of positions beyond it is seen)")
     first = base.get("first_difference")
     drift = (f"; the engines first differ at {_where(first['point'])} ({COMPONENT.get(parse(first['point'])[1])})"
              if first else "; the engines' activations are bit-identical")
@@ -195,7 +199,13 @@ def _moe_reading(routing: pd.DataFrame, row: pd.Series, engine: str) -> tuple[st
     name = parse(row["point"])[1]
     if name not in ("router", "moe"):
         return None
-    found = routes.reading(routing, int(row["layer"]))
+    judged = None
+    if name == "moe" and "out" in routing:  # what routing did where the block's output is out of the floor: a
+        # near-tie flip elsewhere in the layer does not excuse it
+        unexcused = (routing["kind"] != "near_tie_flip").to_numpy()
+        out = routing["out"].to_numpy(dtype=bool) & unexcused
+        judged = out if out[(routing["layer"] == int(row["layer"])).to_numpy()].any() else unexcused
+    found = routes.reading(routing, int(row["layer"]), judged)
     if found is None:
         return None
     if found["kind"] != "same":

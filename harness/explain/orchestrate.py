@@ -26,12 +26,29 @@ from harness.explain.adapter_reading import compare as compare_updates
 from harness.explain.adapter_reading import norms as adapter_norms
 from harness.explain.adapter_reading import tolerance as update_tolerance
 from harness.explain.early_passes import EarlyPasses
+from harness.explain.floors import (
+    Floors,
+    add_floor,
+    compared_points,
+    default_k,
+    expert_positions,
+    floor_words,
+    out_of_floor,
+)
 from harness.explain.kept_rows import keep_rows
 from harness.explain.length_passes import length_dependent_rope, prefix_requests, reread
 from harness.explain.localise import Divergence, Localisation, localise
 from harness.explain.routing import classify, compare_routes, read_routes
-from harness.explain.trace_diff import against_floor, compare_traces, first_out, metrics_frame, summarize, top2
-from harness.explain.trace_passes import FORCED, explained_engines, noise_floor_dtype, plan_passes, trace_request
+from harness.explain.trace_diff import top2
+from harness.explain.trace_passes import (
+    FORCED,
+    FREE,
+    TracePasses,
+    explained_engines,
+    noise_floor_dtype,
+    plan_passes,
+    trace_request,
+)
 from harness.plan.plans import EnginePlan
 from harness.run.outcome import RunOutcome
 from harness.rundir.store import write_json
@@ -71,7 +88,7 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
     and the floor's passes, started during the run (used when they trace the same cases)."""
     scenario, run_dir = outcome.scenario, outcome.run_dir
     spec, ref = scenario.spec, scenario.spec.reference
-    k = k or spec.explain.k
+    k = k or spec.explain.k  # None: each pass's dtype and kind decide (harness.explain.floors.default_k)
     cases = choose_cases(outcome, case_ids)
     results = read_results(run_dir).set_index(["engine", "case_id"])
     steps = read_steps(run_dir).set_index(["engine", "case_id", "step"])
@@ -111,7 +128,7 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
         reference_folder = models.resolve(spec.reference_model, dtype, str(scenario.path))
         tokenizer = load_tokenizer(reference_folder)
         decode = lambda token: tokenizer.decode([int(token)])  # noqa: E731
-        found = _compare_all(outcome, results, steps, requests, traces, passes.floor_name, k, decode, notes)
+        found = _compare_all(outcome, results, steps, requests, traces, passes, k, decode, notes)
         rope = length_dependent_rope(reference_folder)
         if rope and not interrupted:
             outcomes.update(_reread_lengths(outcome, found, requests, traceable, high, keep_traces, parallel,
@@ -132,7 +149,10 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
         write_parquet(explain_dir / "points.parquet", pd.concat(per_point, ignore_index=True))
     if found.routing:
         write_parquet(explain_dir / "routing.parquet", pd.concat(found.routing, ignore_index=True))
-    meta = {"k": k, "floor": passes.floor_name or "dtype rounding unit", "cases": [r.case_id for r in requests],
+    meta = {"k": default_k(dtype, bool(passes.forced), k),
+            "floor": floor_words(bool(passes.forced), dtype, high, passes.floor_name),
+            "free_floor": passes.free_floor_name and floor_words(False, dtype, high, passes.free_floor_name),
+            "forced": passes.forced, "cases": [r.case_id for r in requests],
             "engines": {n: {"load_s": o.load_s, "model_loads": o.model_loads, "versions": o.versions}
                         for n, o in outcomes.items()},
             "during_run": {"passes": early.names, "beside": early.beside} if started else None,
@@ -170,10 +190,24 @@ class Compared:
     routing: list[pd.DataFrame] = field(default_factory=list)  # routing.parquet's rows (mixture-of-experts models)
 
 
+def case_floors(traces: dict[tuple[str, str], Result | TraceResult], passes: TracePasses, case_id: str,
+                ref_result: TraceResult, found: Compared, reference: str, notes: list[str]) -> Floors:
+    """A case's noise floors (the forced one and the free one, where planned), their rows kept for errors.parquet."""
+    floors = Floors(experts=expert_positions(ref_result))
+    for name in filter(None, (passes.floor_name, passes.free_floor_name)):
+        result = traces.get((name, case_id))
+        if isinstance(result, TraceResult) and result.status == "ok":
+            frame = add_floor(floors, result, ref_result)
+            found.per_position.append(frame.assign(case_id=case_id, engine=reference, compared_to=name))
+        else:
+            notes.append(f"{case_id}: no noise floor ({name}): {_error(result)}")
+    return floors
+
+
 def _compare_all(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFrame, requests: list[TraceRequest],
-                 traces: dict[tuple[str, str], Result | TraceResult], floor_name: str | None, k: float, decode,
+                 traces: dict[tuple[str, str], Result | TraceResult], passes: TracePasses, k: float | None, decode,
                  notes: list[str]) -> Compared:
-    """Every engine against the reference on every case, the noise floor first; notes collects what is missing."""
+    """Every engine against the reference on every case, the noise floors first; notes collects what is missing."""
     spec, ref = outcome.scenario.spec, outcome.scenario.spec.reference
     found = Compared()
     for request in requests:
@@ -181,14 +215,7 @@ def _compare_all(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFrame
         if _trace(ref_result) is None:
             notes.append(f"{request.case_id}: not explained: the reference's trace failed ({_error(ref_result)})")
             continue
-        floor_summary = None
-        floor_result = traces.get((floor_name, request.case_id)) if floor_name else None
-        if isinstance(floor_result, TraceResult) and floor_result.status == "ok":
-            floor_frame = pass_frame(floor_result, ref_result, floor=True)
-            floor_summary = summarize(floor_frame)
-            found.per_position.append(floor_frame.assign(case_id=request.case_id, engine=ref, compared_to=floor_name))
-        elif floor_name:
-            notes.append(f"{request.case_id}: no noise floor: {_error(floor_result)}")
+        floors = case_floors(traces, passes, request.case_id, ref_result, found, ref, notes)
         for name in spec.engines:
             if name == ref:
                 continue
@@ -197,8 +224,9 @@ def _compare_all(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFrame
                 found.localisations.append(untraced(outcome, name, request.case_id, forced, decode))
                 continue
             loc, frame, points, routed = _explain_engine(outcome, results, steps, request, name,
-                                                         traces.get((name, request.case_id)), ref_result,
-                                                         floor_summary, k, decode)
+                                                         traces.get((name, request.case_id)),
+                                                         traces.get((name + FREE, request.case_id)), ref_result,
+                                                         floors, k, decode)
             found.localisations.append(loc)
             if frame is not None:
                 notes += [f"{request.case_id}: {name}: {note}" for note in frame.attrs.get("notes", [])]
@@ -230,36 +258,20 @@ def _reread_lengths(outcome: RunOutcome, found: Compared, requests: list[TraceRe
             result = traces.get((loc.engine, request.case_id)) if request else None
             if request is None or _trace(ref_result) is None or _trace(result) is None:
                 continue
-            floor = traces.get((passes.floor_name, request.case_id)) if passes.floor_name else None
-            floor_summary = summarize(pass_frame(floor, ref_result, floor=True)) if _trace(floor) else None
-            frame, points = compared_points(result, ref_result, floor_summary, scenario.spec.engine_dtype(ref), k)
+            floors = case_floors(traces, passes, request.case_id, ref_result, Compared(), ref, [])
+            dtype = scenario.spec.engine_dtype(ref)
+            judged_k = default_k(dtype, result.forced, k)
+            frame, points = compared_points(result, ref_result, floors, dtype, judged_k)
             found.per_position.append(frame.assign(case_id=request.case_id, engine=loc.engine, compared_to=ref))
             found.per_point.append(points.assign(case_id=request.case_id, engine=loc.engine))
             prefix = localise(points, case_id=loc.case_id, engine=loc.engine, reference=ref, prompt_equal=True,
-                              divergence=None, nonfinite={}, param_note="", k=k, decode=decode,
-                              fused={ref: Trace(ref_result.path).fused, loc.engine: Trace(result.path).fused})
+                              divergence=None, nonfinite={}, param_note="", k=judged_k, decode=decode,
+                              fused={ref: Trace(ref_result.path).fused, loc.engine: Trace(result.path).fused},
+                              forced=result.forced)
             found.localisations[index] = reread(loc, prefix, len(request.token_ids), totals[loc.case_id], rope)
     finally:
         passes.remove_scratch()
     return {f"{name}@prefix": o for name, o in outcomes.items()}
-
-
-def pass_frame(result: TraceResult, ref_result: TraceResult, floor: bool = False) -> pd.DataFrame:
-    """Per point and position, a pass against the reference's: from the metrics its engine wrote as it compared
-    (TraceResult.errors), else from both traces, written whole (the floor's: the higher precision is the side
-    compared with)."""
-    trace, ref_trace = Trace(result.path), Trace(ref_result.path)
-    if result.errors:
-        return metrics_frame(Trace(result.errors), ref_trace, trace)
-    return compare_traces(trace, ref_trace) if floor else compare_traces(ref_trace, trace)
-
-
-def compared_points(result: TraceResult, ref_result: TraceResult, floor_summary: pd.DataFrame | None, dtype: str,
-                    k: float) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """A pass against the reference's: per point and position, and per point against the noise floor with the
-    first position each leaves it at."""
-    frame = pass_frame(result, ref_result)
-    return frame, first_out(against_floor(summarize(frame), floor_summary, dtype, k), frame)
 
 
 UNTRACED_CAUSE = {"match": "none", "benign_tie": "near_tie", "hazard": "hazard", "engine_error": "no_trace"}
@@ -342,18 +354,30 @@ def _took_argmax(step_row) -> bool:
 
 
 def _explain_engine(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFrame, request: TraceRequest, name: str,
-                    result: TraceResult | None, ref_result: TraceResult, floor_summary: pd.DataFrame | None,
-                    k: float, decode):
-    """One engine vs the reference on one case: its localisation, per-position errors and per-point summary."""
+                    result: TraceResult | None, free: TraceResult | None, ref_result: TraceResult, floors: Floors,
+                    override_k: float | None, decode):
+    """One engine vs the reference on one case: its localisation, per-position errors and per-point summary. free:
+    the engine's free pass (the logits of its own layers' outputs), where its traced pass was layer-forced."""
     spec, ref = outcome.scenario.spec, outcome.scenario.spec.reference
     ref_trace, trace = _trace(ref_result), _trace(result)
     if trace is None:
         return (Localisation(case_id=request.case_id, engine=name, reference=ref, cause="no_trace",
                              verdict=f"no trace from {name}: {_error(result)}"),
                 None, None, None)
-    frame, points = compared_points(result, ref_result, floor_summary, spec.engine_dtype(ref), k)
-    routed = classify(compare_routes(read_routes(ref_result.routes), read_routes(result.routes)), frame, points, k) \
+    dtype = spec.engine_dtype(ref)
+    k = default_k(dtype, result.forced, override_k)
+    frame, points = compared_points(result, ref_result, floors, dtype, k)
+    routed = classify(compare_routes(read_routes(ref_result.routes), read_routes(result.routes)), frame, points, k,
+                      floors.weights if result.forced else floors.free_weights) \
         if ref_result.routes and result.routes else None
+    if routed is not None and result.forced:  # judged without its near-tie routing flips: those are not rounding
+        ties = routed.loc[routed["kind"] == "near_tie_flip", ["layer", "position"]]
+        if len(ties):
+            frame, points = compared_points(result, ref_result, floors, dtype, k, excluded=ties)
+    if routed is not None:
+        routed = routed.assign(out=out_of_floor(frame, points, routed))
+    free_trace = _trace(free) if free is not None else None
+    logits_trace = free_trace or trace
     if bool(ref_result.routes) != bool(result.routes):
         blind = name if ref_result.routes else ref
         frame.attrs.setdefault("notes", []).append(
@@ -362,7 +386,8 @@ def _explain_engine(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFr
     verdict = outcome.verdicts.set_index(["engine", "case_id"]).loc[(name, request.case_id)]
     divergence = None
     if verdict["verdict"] in ("diverged", "benign_tie") and verdict["first_divergence"] >= 0:
-        divergence = _divergence(steps, ref, name, request, int(verdict["first_divergence"]), ref_trace, trace)
+        divergence = _divergence(steps, ref, name, request, int(verdict["first_divergence"]), ref_trace,
+                                 logits_trace)
     case = next(c for c in outcome.scenario.cases if c.case_id == request.case_id)
     prompt_equal = list(results.loc[(ref, request.case_id)]["prompt_ids"]) == list(
         results.loc[(name, request.case_id)]["prompt_ids"]) if (name, request.case_id) in results.index else True
@@ -375,7 +400,7 @@ def _explain_engine(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFr
                    missing_map="; ".join(dict.fromkeys(filter(None, (t.metadata.get("missing_map", "")
                                                                      for t in (ref_trace, trace))))),
                    near_tie=verdict["verdict"] == "benign_tie", routing=routed,
-                   adapter=adapter_difference(ref_trace, trace, name))
+                   adapter=adapter_difference(ref_trace, trace, name), forced=result.forced)
     return loc, frame, points, routed
 
 

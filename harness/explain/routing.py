@@ -3,12 +3,15 @@ engine's table, written by adapters.tracing.routes beside its trace), and what a
 
 Sets are compared for equality, weights (matched by expert id) by their largest absolute difference, never by
 relative L2. Where the sets differ, the reading at the first such (layer, position) is one of:
-- near_tie_flip: the margin between the last chosen and the first unchosen expert is within what the router logits'
-  measured difference there can reorder (2x their largest difference), the logits within the noise floor: benign;
+- near_tie_flip: both engines' margins between the last chosen and the first unchosen expert are positive (each chose
+  what its own scores rank first) and within what the router logits' measured difference there can reorder (2x
+  their largest difference), the logits within the noise floor: benign;
 - router: the router logits there already differ beyond the noise floor (the choice follows them);
-- routing_rule: the router logits agree within the floor and the margin is wide: the engines' routing rules differ.
-Where every set agrees: weighting (a chosen expert's weight differs beyond k x the router's floor: renormalisation,
-scaling) or, when the block's output leaves the floor with equal choices and weights, an expert kernel.
+- routing_rule: the router logits agree within the floor and the margin is wide, or an engine's own scores rank an
+  unchosen expert above a chosen one (a negative margin: its rule is not the ranking): the routing rules differ.
+Where every set agrees: weighting (a chosen expert's weight differs beyond k x the weights' own floor, the largest
+weight difference the noise floor's pass shows against the reference: renormalisation, scaling) or, when the
+block's output leaves the floor with equal choices and weights, an expert kernel.
 """
 
 from __future__ import annotations
@@ -85,10 +88,21 @@ def compare_routes(reference: dict[int, LayerRoutes], other: dict[int, LayerRout
                  "engine_margin"])
 
 
-def classify(compared: pd.DataFrame, errors: pd.DataFrame, points: pd.DataFrame, k: float) -> pd.DataFrame:
+def weight_floor(compared: pd.DataFrame | None) -> dict[int, float]:
+    """Per layer, the largest weight difference of the experts both chose, from the noise floor's pass against the
+    reference (compare_routes' frame; None: no floor routed)."""
+    if compared is None or compared.empty:
+        return {}
+    return {int(layer): float(np.nan_to_num(rows["weight_diff"].max(), nan=0.0))
+            for layer, rows in compared.groupby("layer")}
+
+
+def classify(compared: pd.DataFrame, errors: pd.DataFrame, points: pd.DataFrame, k: float,
+             weights: dict[int, float] | None = None) -> pd.DataFrame:
     """compared with a `kind` per (layer, position): same, weighting, near_tie_flip, router or routing_rule.
     errors: the engine's per-point, per-position metrics (errors.parquet's rows); points: its per-point summary with
-    floor and threshold (harness.explain.trace_diff.against_floor)."""
+    floor and threshold (harness.explain.trace_diff.against_floor); weights: the weights' floor per layer
+    (weight_floor; a layer without one: float32's rounding unit)."""
     out = compared.copy()
     if out.empty:
         return out.assign(kind=pd.Series(dtype=str), router_diff=pd.Series(dtype=float))
@@ -100,13 +114,16 @@ def classify(compared: pd.DataFrame, errors: pd.DataFrame, points: pd.DataFrame,
     names = [layer_point(int(layer), "router") for layer in out["layer"]]
     threshold = by_point["threshold"].reindex(names).to_numpy() if "threshold" in by_point else np.full(len(out),
                                                                                                           np.inf)
-    floor = by_point["floor"].reindex(names).fillna(0).to_numpy() if "floor" in by_point else np.zeros(len(out))
-    margin = np.fmin(np.abs(out["ref_margin"].to_numpy()), np.abs(out["engine_margin"].to_numpy()))
+    ref_margin, engine_margin = out["ref_margin"].to_numpy(), out["engine_margin"].to_numpy()
+    margin = np.fmin(ref_margin, engine_margin)
     apart = np.nan_to_num(rel, nan=0.0) > np.nan_to_num(threshold, nan=np.inf)
-    tie = margin <= TIE_BAND * np.nan_to_num(diff, nan=0.0)
+    # a tie: both margins at least 0 (a negative one: an engine chose against its own ranking, never a tie) and
+    # within what the router logits' difference can reorder
+    tie = (margin >= 0) & (margin <= TIE_BAND * np.nan_to_num(diff, nan=0.0))
     unread = np.isnan(margin) & ~apart  # no router logits captured: no margin to judge the flip by
     flip_kind = np.where(apart, "router", np.where(unread, "flip", np.where(tie, "near_tie_flip", "routing_rule")))
-    weighted = out["weight_diff"].to_numpy() > k * np.maximum(floor, np.finfo(np.float32).eps)
+    weight_floors = np.array([(weights or {}).get(int(layer), 0.0) for layer in out["layer"]])
+    weighted = out["weight_diff"].to_numpy() > k * np.maximum(weight_floors, np.finfo(np.float32).eps)
     out["kind"] = np.where(~out["same"].to_numpy(), flip_kind, np.where(weighted, "weighting", "same"))
     out["router_diff"] = np.abs(diff)  # max_abs of an all-zero difference is -0.0
     return out
@@ -118,14 +135,17 @@ def grid(classified: pd.DataFrame) -> list[str]:
             for layer, rows in classified.groupby("layer", sort=True)]
 
 
-def reading(classified: pd.DataFrame, layer: int | None = None) -> dict[str, Any] | None:
-    """The routing difference to report (in `layer` when given, else in the first layer with one): the layer's most
-    serious kind, a flip not at a tie before a near-tie flip before a weighting difference (so a layer reads as
-    benign only when every flip in it is a near-tie), at its first position; both engines' experts and margins there,
-    and how much of the routing agrees."""
+def reading(classified: pd.DataFrame, layer: int | None = None,
+            within: np.ndarray | None = None) -> dict[str, Any] | None:
+    """The routing difference to report (in `layer` when given, else in the first layer with one; among the rows
+    `within` selects, when given): the most serious kind, a flip not at a tie before a near-tie flip before a
+    weighting difference (so a layer reads as benign only when every flip in it is a near-tie), at its first
+    position; both engines' experts and margins there, and how much of the routing agrees (over every row)."""
     if classified.empty:
         return None
     rows = classified if layer is None else classified[classified["layer"] == layer]
+    if within is not None:  # a mask over classified's rows (positional)
+        rows = rows[within[classified.index.get_indexer(rows.index)]]
     differs = rows[rows["kind"] != "same"]
     total = {"positions": int(len(classified)), "same_experts": int(classified["same"].sum()),
              "flips": int((~classified["same"]).sum()),
@@ -151,7 +171,7 @@ def sentence(found: dict[str, Any], engine: str) -> str:
     """A routing reading in words."""
     if found["kind"] == "same":
         return (f"the chosen experts agree at all {found['positions']} (layer, position) pairs, their weights within "
-                "the threshold (k x the router's floor)")
+                "the threshold (k x the weights' floor)")
     where = f"layer {found['layer']} position {found['position']}"
     if found["kind"] == "weighting":
         return (f"{KIND_WORDS['weighting']}: first at {where}, experts {{{found['ref_experts']}}} in both, weights "

@@ -14,10 +14,11 @@ whose workers may not see this machine's files (Ray), the traces are written who
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from adapters import registry
@@ -33,6 +34,7 @@ RAM_FOLDER = Path("/dev/shm")
 RAM_NEEDED = 4 << 30  # free bytes a RAM folder must have to hold the scratch traces (else they go to the run dir)
 
 FORCED = "@forced"  # plan-name suffix of an untraced engine's teacher-forced scoring pass
+FREE = "@free"  # plan-name suffix of a layer-forced engine's free pass (its own layers' outputs): its logits only
 
 
 @dataclass
@@ -41,6 +43,8 @@ class TracePasses:
     floor_name: str | None
     scratch: Path | None  # where the passes write, removed afterwards; None: the engines' traces folders
     compared: bool  # the engines compared with the reference's trace as they captured (else here, afterwards)
+    forced: list[str] = field(default_factory=list)  # the engines whose layers start from the reference's input
+    free_floor_name: str | None = None  # the floor of the engines that run their layers free, where some do
 
     def reference_trace(self, reference: str, case_id: str) -> Path | None:
         """Where the reference's full trace of a case is, in the scratch folder (None: in its traces folder)."""
@@ -59,6 +63,24 @@ def explained_engines(scenario: LoadedScenario) -> tuple[list[str], list[str]]:
     return traceable, scorable
 
 
+def forced_engines(scenario: LoadedScenario, traceable: list[str]) -> list[str]:
+    """The traced engines whose layers a pass can start from the reference's input (adapters.tracing.forcing): the
+    engine can, and its architecture map for the engine's model has per-layer taps. None unless the reference can
+    (its trace holds the inputs the others are fed)."""
+    from adapters.tracing.arch_maps import arch_map
+
+
+    def can(name: str) -> bool:
+        description = scenario.description(name)
+        if not description.capabilities.forced_layers:
+            return False
+        model_type = json.loads((scenario.engine(name).model_folder / "config.json").read_text()).get("model_type", "")
+        return not arch_map(description.name, model_type).logits_only
+
+    able = [name for name in traceable if can(name)]
+    return able if scenario.spec.reference in able else []
+
+
 def noise_floor_dtype(reference_engine: str, dtype: str) -> str | None:
     """The higher precision the reference runs in for the noise floor; None when that engine cannot run it."""
     higher = FLOOR_DTYPE[dtype]
@@ -73,11 +95,13 @@ def trace_request(case_id: str, prompt_ids: list[int], token_ids: list[int]) -> 
 
 def loads_reused(scenario: LoadedScenario, traceable: list[str], scorable: list[str]) -> list[LoadKey]:
     """The configurations explain's passes take from the scenario's run, once per pass that may take it: the
-    reference's traced pass; every other traced engine's pass and its second, partial one (harness.explain.kept_rows);
-    every scoring pass. The noise floor may then load in the reference's worker, which its pass leaves unloaded."""
+    reference's traced pass; every other traced engine's pass, its free pass where that one is layer-forced, and its
+    second, partial one (harness.explain.kept_rows); every scoring pass. The noise floor may then load in the
+    reference's worker, which its pass leaves unloaded."""
     ref = scenario.spec.reference
+    forced = forced_engines(scenario, traceable) if choice.current().name == "local" else []
     return [scenario.engine(name).load_key for name in (*traceable, *scorable)
-            for _ in range(2 if name in traceable and name != ref else 1)]
+            for _ in range(1 if name == ref or name not in traceable else 3 if name in forced else 2)]
 
 
 def scratch_folder(run_dir: Path) -> Path:
@@ -115,13 +139,19 @@ def plan_passes(scenario: LoadedScenario, run_dir: Path, requests: list[TraceReq
     threads = reference_threads(scenario, parallel) if compared else None
     scratch = scratch_folder(run_dir) if compared and not keep_traces else None
     floor_name = f"{ref}@{floor_dtype}" if floor_dtype else None
-    passes = TracePasses([], floor_name, scratch, compared)
+    forced = forced_engines(scenario, traceable) if compared else []
+    free_floor = f"{floor_name}-free" if floor_name and forced and set(traceable) - set(forced) else None
+    passes = TracePasses([], floor_name, scratch, compared, forced, free_floor)
 
-    def against(name: str, keep: list[str] | None) -> list[TraceRequest]:
+    def reference_trace(case_id: str) -> str:
+        return str(passes.reference_trace(ref, case_id) or run_dir / "engines" / ref / "traces" /
+                   trace_file_name(case_id))
+
+    def against(name: str, keep: list[str] | None, layers_forced: bool = False) -> list[TraceRequest]:
         if not compared:
             return requests
-        return [r.model_copy(update={"against": str(passes.reference_trace(ref, r.case_id) or
-                                                     run_dir / "engines" / ref / "traces" / trace_file_name(r.case_id)),
+        return [r.model_copy(update={"against": reference_trace(r.case_id),
+                                     "inputs_from": reference_trace(r.case_id) if layers_forced else None,
                                      "keep": None if keep_traces else keep,
                                      "trace_dir": str(scratch / name) if scratch else None}) for r in requests]
 
@@ -131,13 +161,22 @@ def plan_passes(scenario: LoadedScenario, run_dir: Path, requests: list[TraceReq
                                          "threads": ref_threads}) for r in requests]
     passes.plans.append(engine_plan(scenario, ref, run_dir, ref_requests, op="trace"))
     for name in traceable:
-        if name != ref:
-            plan = engine_plan(scenario, name, run_dir, against(name, ["logits"]), op="trace")
-            passes.plans.append(replace(plan, after=ref) if compared else plan)
+        if name == ref:
+            continue
+        plan = engine_plan(scenario, name, run_dir, against(name, ["logits"], name in forced), op="trace")
+        passes.plans.append(replace(plan, after=ref) if compared else plan)
+        if name in forced:  # the logits of its own layers' outputs, for the readings at the divergent step
+            free = [r.model_copy(update={"points": ["logits"]}) for r in against(name + FREE, ["logits"])]
+            plan = engine_plan(scenario, name, run_dir, free, op="trace", plan_name=name + FREE)
+            passes.plans.append(replace(plan, after=name, after_done=True))  # in the worker its forced pass leaves
     passes.plans += [engine_plan(scenario, n, run_dir, requests, op="score", plan_name=n + FORCED) for n in scorable]
-    if floor_dtype and floor_name:
-        floor_requests = [r.model_copy(update={"threads": threads}) for r in against(floor_name, [])]
-        plan = engine_plan(scenario, ref, run_dir, floor_requests, op="trace", dtype=floor_dtype, plan_name=floor_name)
+    for name, layers_forced in ((floor_name, bool(forced)), (free_floor, False)):
+        if not (floor_dtype and name):
+            continue
+        floor_requests = [r.model_copy(update={"threads": threads}) for r in against(name, [], layers_forced)]
+        # the run's own weights (rounded to its dtype in memory), computed in the higher precision
+        plan = engine_plan(scenario, ref, run_dir, floor_requests, op="trace", plan_name=name,
+                           compute_dtype=floor_dtype)
         # after the reference's pass, in its worker: a worker that has imported the engine loads the floor's model in
         # a fraction of a new process's start (SmolLM2: 0.7 s against 5 s; explain / run 1.2x against 1.38x at 128
         # positions), and no second process holds a model in float64 (Gemma 3: 3.8 GB). A worker of its own, started

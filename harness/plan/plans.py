@@ -82,22 +82,24 @@ class EnginePlan:
 
 def engine_plan(scenario: LoadedScenario, name: str, run_dir: Path, requests: list, op: Op = "generate",
                 dtype: str | None = None, plan_name: str | None = None,
-                options: dict[str, Any] | None = None) -> EnginePlan:
+                options: dict[str, Any] | None = None, compute_dtype: str | None = None) -> EnginePlan:
     """The plan for one engine of a scenario whose engines are resolved (LoadedScenario.with_resolved); dtype,
-    plan_name and options override the scenario's (a noise-floor run, whose dtype is another model folder, resolved
-    here; another configuration of the engine)."""
+    plan_name and options override the scenario's (a run in another dtype, whose model folder is resolved here;
+    another configuration of the engine). compute_dtype: its own weights computed in that dtype (the noise floor)."""
     spec, engine = scenario.spec, scenario.spec.engines[name]
     description = scenario.description(name)
     resolved = scenario.engine(name) if dtype is None else scenario.resolve_engine(name, dtype)
     if options is not None:
         resolved = resolved.with_options(options)
+    if compute_dtype is not None:
+        resolved = resolved.computing_in(compute_dtype)
     plan_name = plan_name or name
     options = resolved.options
     code = description.sampling_code(options)
     longest = max((_context(r) for r in requests), default=None)
     setup = EngineSetup(name=plan_name, model_path=resolved.model_folder, dtype=resolved.dtype, options=options,
                         workdir=run_dir / "engines" / plan_name, trace=op == "trace", max_context=longest,
-                        lora=resolved.lora)
+                        lora=resolved.lora, weights_dtype=resolved.weights_dtype)
     timeouts = spec.engine_timeouts(name)
     package = None if description.capabilities.server else description.requirement.module
     import_paths = [str(scenario.path.parent.resolve())]

@@ -9,7 +9,8 @@ from pydantic import BaseModel, Field
 
 
 class CurvePoint(BaseModel):
-    """The residual stream after one layer: its relative error (worst position) and the noise floor there."""
+    """The residual stream after one layer: its relative error (worst position; a forced pass: what the layer added,
+    its worst block's) and the noise floor there."""
 
     layer: int
     error: float
@@ -32,6 +33,9 @@ class Localisation(BaseModel):
     curve: list[CurvePoint] = Field(default_factory=list)
     routing: dict[str, Any] | None = None  # a mixture-of-experts model: the first routing difference and the grid
     adapter: dict[str, Any] | None = None  # LoRA at serving time: the engines' updates compared (adapter_reading)
+    forced: bool = False  # each layer of the engine's pass started from the reference's input
+    # the smallest change the comparison tells from rounding: {threshold (relative L2), point} (a forced pass)
+    sensitivity: dict[str, Any] | None = None
 
 
 class ExplainFile(BaseModel):
@@ -39,7 +43,9 @@ class ExplainFile(BaseModel):
     loads, versions; the passes started during the run and the engines beside them), notes, the localisations."""
 
     k: float
-    floor: str  # the noise floor's run (the reference in a higher precision), or the dtype's rounding unit
+    floor: str  # what the noise floor is made of (the reference in a higher precision), or the dtype's rounding unit
+    free_floor: str | None = None  # the floor of the engines whose layers ran free, where some did
+    forced: list[str] = Field(default_factory=list)  # the engines whose layers started from the reference's input
     cases: list[str] = Field(default_factory=list)
     engines: dict[str, dict[str, Any]] = Field(default_factory=dict)
     during_run: dict[str, Any] | None = None

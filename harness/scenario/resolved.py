@@ -27,6 +27,7 @@ class LoadKey(NamedTuple):
     dtype: str
     options: str  # as sorted JSON
     lora: str = ""  # the adapter's folder, where the engine applies one
+    weights_dtype: str = ""  # the weights rounded to this dtype before computing in `dtype` (ResolvedEngine)
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,17 @@ class ResolvedEngine:
     lora: LoraSetup | None
     options: dict[str, Any]
     load_key: LoadKey
+    weights_dtype: str | None = None  # the weights rounded to this dtype in memory before computing in `dtype`
 
     def with_options(self, options: dict[str, Any]) -> ResolvedEngine:
         """Another configuration of the engine (an invariance knob's options): the same model and adapter."""
         return replace(self, options=options, load_key=self.load_key._replace(options=_options_key(options)))
+
+    def computing_in(self, dtype: str) -> ResolvedEngine:
+        """The same model folder and weights, rounded to this engine's dtype in memory, computed in another dtype:
+        the noise floor (its arithmetic in higher precision, its weights the run's own)."""
+        return replace(self, dtype=dtype, weights_dtype=self.dtype,
+                       load_key=self.load_key._replace(dtype=dtype, weights_dtype=self.dtype))
 
 
 def resolve_engine(name: str, model: str, dtype: str, adapter: str | None, description: EngineDescription,

@@ -84,7 +84,7 @@ def test_explain_leaves_traces_and_error_tables(planted: ParityRun) -> None:
     n_points = 1 + 30 * 13 + 2  # embeddings, 13 points per layer, final norm, logits
     assert points[points.engine == "v-fault"].point.nunique() == n_points
     summary = (explain_dir / "summary.md").read_text()
-    assert "layers.7.v" in summary and "Residual stream after each layer" in summary
+    assert "layers.7.v" in summary and "What each layer adds to the residual stream" in summary
     report = parity("report", str(planted.run_dir))
     html = (planted.run_dir / "report.html").read_text()
     assert report.code == 0 and "id='explain'" in html and "layer 7 v leaves the noise floor first" in html
@@ -108,7 +108,8 @@ def test_explain_keeps_the_logits_and_the_first_divergent_layers_rows_and_loads_
     assert not (planted.run_dir / "engines" / "hf@float64" / "traces" / "story.safetensors").exists()
     engines = json.loads((planted.run_dir / "explain" / "localisation.json").read_text())["engines"]
     assert {name: e["model_loads"] for name, e in engines.items()} == {
-        "hf": 0, "v-fault": 0, "mlp-fault": 0, "hf@float64": 1, "v-fault@layers": 0, "mlp-fault@layers": 0}
+        "hf": 0, "v-fault": 0, "mlp-fault": 0, "v-fault@free": 0, "mlp-fault@free": 0, "hf@float64": 1,
+        "v-fault@layers": 0, "mlp-fault@layers": 0}
     run_loads = {name: e["model_loads"] for name, e in planted.meta["engines"].items()}
     assert run_loads == {"hf": 1, "v-fault": 1, "mlp-fault": 1}, run_loads
 

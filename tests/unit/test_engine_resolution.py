@@ -87,10 +87,12 @@ def test_run_and_explain_plan_from_one_resolution_per_engine(tmp_path: Path, req
     floor = noise_floor_dtype("hf", "float32")
     passes = plan_passes(ready, run_dir, [], traceable, scorable, floor, True, 2).plans
     rows = engine_plan(ready, "other", run_dir, [], op="trace")
-    assert floor == "float64" and counted == {"model": 3, "adapter": 3}  # and once the noise floor's configuration
+    # the noise floor computes on the run's own model folder (its weights in higher precision): nothing more
+    assert floor == "float64" and counted == {"model": 2, "adapter": 2}
     # what the run keeps loaded is what explain's passes load
-    assert {p.load_key for p in base_plans} == set(kept) == set(reused) == {p.load_key for p in (*passes[:2], rows)}
-    assert [p.dtype for p in passes] == ["float32", "float32", "float64"]
+    assert {p.load_key for p in base_plans} == set(kept) == set(reused) == {p.load_key for p in (*passes[:-1], rows)}
+    assert [(p.dtype, p.setup.weights_dtype) for p in passes][-1] == ("float64", "float32")
+    assert passes[-1].setup.model_path == passes[0].setup.model_path
     assert all(p.setup.lora is not None and p.setup.lora.rank == 2 for p in (*plans, *passes, rows))
 
 

@@ -17,8 +17,10 @@ def test_every_field_explain_writes_is_read_back_as_written(tmp_path: Path) -> N
         k=10.0, first_step=3, divergence={"step": 3, "ref_token": 5, "engine_token": 7},
         first_difference={"point": "layers.0.q", "error": 1e-7}, out_of_floor={"point": "layers.1.v", "jump": 12.5},
         curve=[{"layer": 0, "error": 1e-7, "floor": 1e-7}, {"layer": 1, "error": 1e-2, "floor": 2e-7}],
-        routing={"grid": ["layer 0: ..x"], "legend": "x: another expert"}, adapter={"modules": ["q_proj"]})
-    meta = {"k": 10.0, "floor": "hf@float64", "cases": ["p0"],
+        routing={"grid": ["layer 0: ..x"], "legend": "x: another expert"}, adapter={"modules": ["q_proj"]},
+        forced=True, sensitivity={"threshold": 0.031, "point": "layers.2.attn"})
+    meta = {"k": 10.0, "floor": "hf@float64", "free_floor": "hf@float64-free", "forced": ["hf", "vllm"],
+            "cases": ["p0"],
             "engines": {"hf": {"load_s": 1.5, "model_loads": 1, "versions": {"torch": "2.9"}}},
             "during_run": {"passes": ["hf"], "beside": ["vllm"]}, "notes": ["a note"],
             "localisations": [localisation.model_dump()]}  # as harness.explain.orchestrate writes it

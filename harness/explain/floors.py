@@ -1,0 +1,109 @@
+"""A traced pass compared with the reference's and judged against the noise floor that fits it.
+
+A case has up to two floors, each the reference against itself on its own weights (rounded to the run's dtype) in
+higher precision: the forced floor, whose layers start from the reference's input like the forced passes of the
+engines that can (judged block by block: harness.explain.layer_floor), and the free floor, whose layers run on their
+own outputs like the passes of engines that cannot (an engine without a per-layer map, llama.cpp; judged by the
+worst position, cumulative over layers: harness.explain.trace_diff.against_floor). Where the floor's own routing
+chose other experts than the reference (a mixture of experts' near-ties), those positions of that layer are left
+out of the floor: a floor is rounding, not routing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from harness.core.points import layer_point
+from harness.core.types import TraceResult
+from harness.explain.layer_floor import RULES, against_forced_floor
+from harness.explain.routing import compare_routes, read_routes, weight_floor
+from harness.explain.trace_diff import against_floor, compare_traces, first_out, metrics_frame, summarize
+from harness.rundir.traces import Trace
+
+FREE_K = 10.0  # k of a free pass against the free floor (HF vs vLLM in float32 stays under 4.5x)
+
+
+@dataclass
+class Floors:
+    forced: pd.DataFrame | None = None  # the forced floor's per-position errors against the reference
+    forced_flips: pd.DataFrame | None = None  # (layer, position) where the forced floor routed otherwise
+    free: pd.DataFrame | None = None  # the free floor's per-point summary
+    weights: dict[int, float] = field(default_factory=dict)  # per layer: the chosen experts' weights' floor (forced)
+    free_weights: dict[int, float] = field(default_factory=dict)  # the same, from the free floor
+    experts: pd.DataFrame | None = None  # (layer, position, expert): where the reference routed each position
+
+
+def expert_positions(ref_result: TraceResult) -> pd.DataFrame | None:
+    """(layer, position, expert) for every expert the reference chose (None: not a mixture of experts)."""
+    if not ref_result.routes:
+        return None
+    frames = [pd.DataFrame({"layer": layer, "position": np.repeat(np.arange(len(routes.ids)), routes.ids.shape[1]),
+                            "expert": routes.ids.reshape(-1)})
+              for layer, routes in read_routes(ref_result.routes).items()]
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def default_k(dtype: str, forced: bool, override: float | None) -> float:
+    """The k a pass is judged with: the scenario's or the command's, else the dtype's (forced) or FREE_K."""
+    return override or (RULES[dtype].k if forced else FREE_K)
+
+
+def pass_frame(result: TraceResult, ref_result: TraceResult, floor: bool = False) -> pd.DataFrame:
+    """Per point and position, a pass against the reference's: from the metrics its engine wrote as it compared
+    (TraceResult.errors), else from both traces, written whole (the floor's: the higher precision is the side
+    compared with)."""
+    trace, ref_trace = Trace(result.path), Trace(ref_result.path)
+    if result.errors:
+        return metrics_frame(Trace(result.errors), ref_trace, trace)
+    return compare_traces(trace, ref_trace) if floor else compare_traces(ref_trace, trace)
+
+
+def add_floor(floors: Floors, result: TraceResult, ref_result: TraceResult) -> pd.DataFrame:
+    """Take a floor pass into a case's floors; returns its per-position frame (errors.parquet's rows)."""
+    frame = pass_frame(result, ref_result, floor=True)
+    routed = compare_routes(read_routes(ref_result.routes), read_routes(result.routes)) \
+        if ref_result.routes and result.routes else None
+    if result.forced:
+        floors.forced, floors.weights = frame, weight_floor(routed)
+        floors.forced_flips = routed.loc[~routed["same"].astype(bool), ["layer", "position"]] \
+            if routed is not None else None
+    else:
+        floors.free, floors.free_weights = summarize(frame), weight_floor(routed)
+    return frame
+
+
+def compared_points(result: TraceResult, ref_result: TraceResult, floors: Floors, dtype: str, k: float,
+                    excluded: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A pass against the reference's: per point and position, and per point against the floor that fits the pass,
+    with the first position each leaves it at. excluded: (layer, position) pairs not judged (routing flips at a
+    near-tie)."""
+    frame = pass_frame(result, ref_result)
+    summary = summarize(frame)
+    if result.forced:
+        return frame, against_forced_floor(summary, frame, floors.forced, dtype, k, excluded, floors.forced_flips,
+                                           floors.experts)
+    return frame, first_out(against_floor(summary, floors.free, dtype, k), frame)
+
+
+def floor_words(forced: bool, weights_dtype: str, floor_dtype: str | None, name: str | None) -> str:
+    """What a floor is made of, in words (for explain/summary.md and localisation.json)."""
+    if floor_dtype is None or name is None:
+        return "the dtype's rounding unit alone (the reference cannot run in higher precision)"
+    how = ("each layer started from the reference's input, judged per block of positions; positions where its "
+           "own routing chose other experts are left out" if forced else
+           "its layers on their own outputs, judged at the worst position, cumulative over layers")
+    return (f"{name}: the reference against itself in {floor_dtype} on its own weights rounded to {weights_dtype}, "
+            f"arithmetic rounding only ({how})")
+
+
+def out_of_floor(frame: pd.DataFrame, points: pd.DataFrame, routed: pd.DataFrame) -> np.ndarray:
+    """Per row of a routing comparison (layer, position): whether the layer's block output (its `moe` point) is
+    beyond the point's threshold at that position: the positions a reading of the block must explain."""
+    moe = frame[frame["point"].str.endswith(".moe")].set_index(["layer", "position"])["rel_l2"]
+    keys = pd.MultiIndex.from_arrays([routed["layer"].to_numpy(), routed["position"].to_numpy()])
+    threshold = points.set_index("point")["threshold"].reindex(
+        [layer_point(int(layer), "moe") for layer in routed["layer"]]).to_numpy()
+    return np.nan_to_num(moe.reindex(keys).to_numpy(), nan=0.0) > np.nan_to_num(threshold, nan=np.inf)
