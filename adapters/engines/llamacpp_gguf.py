@@ -365,8 +365,10 @@ def cache_dir(model_path: Path) -> Path:
     """Where a model folder's GGUF variants live: beside a cached model's dtype folders (a named or a merged model),
     else under the cache by folder."""
     from harness.models.catalog import cache_root, models_root
+    from harness.models.weight_files import SINGLE, files
 
-    weights = (Path(model_path) / "model.safetensors").resolve().parent  # a linked named model: its source's
+    first = next(iter(files(Path(model_path))), Path(model_path) / SINGLE)
+    weights = first.resolve().parent  # a linked named model: its source's
     root = models_root().resolve()
     if weights.is_relative_to(root):
         return weights.parent / "gguf"  # models/<name>/float32 -> models/<name>/gguf
@@ -514,12 +516,15 @@ def _tokenizer_fields(model_path: Path, vocab_size: int) -> list[tuple[str, gguf
 def write_full_precision(model_path: Path, out: Path, variant: str) -> None:
     """Write the model folder's weights as an f32 or f16 GGUF (see the module docstring)."""
     import gguf
-    from safetensors.numpy import load_file
+
+    from harness.models import weight_files
 
     config = json.loads((Path(model_path) / "config.json").read_text())
     arch = writer_for(config)
     h = arch.hparams(config)
-    tensors = stacked_experts(load_file(str(Path(model_path) / "model.safetensors")))
+    if not weight_files.files(Path(model_path)):
+        raise RuntimeError(f"gguf: {weight_files.missing_problem(Path(model_path))}")
+    tensors = stacked_experts(weight_files.load(Path(model_path)))  # every shard of a sharded folder
     writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch.gguf_arch)])
     writer.add_name(Path(model_path).resolve().parent.name)
     writer.add_file_type(FULL_PRECISION[variant])

@@ -83,19 +83,18 @@ def folder_problem(path: Path) -> str | None:
     return None
 
 
-def shape_problem(label: str, info: AdapterInfo, weights: Path, model: str) -> str | None:
-    """The adapter's A and B shapes against the base weights they adapt (weights: the base's model.safetensors),
-    or None when they fit."""
+def shape_problem(label: str, info: AdapterInfo, base: dict[str, tuple[int, ...]], model: str) -> str | None:
+    """The adapter's A and B shapes against the base weights they adapt (base: tensor name -> shape over the base
+    model's weight files, harness.models.weight_files.shapes), or None when they fit."""
     from safetensors import safe_open
 
     said = f" (its adapter_config.json names {info.base} as its base)" if info.base else ""
-    keys = set(tensor_names(weights))
-    with safe_open(str(weights), "np") as base, safe_open(str(info.path / WEIGHTS), "np") as adapter:
+    with safe_open(str(info.path / WEIGHTS), "np") as adapter:
         for module, (a_key, b_key) in pair_keys(list(adapter.keys())).items():  # shapes from the headers alone
             key = f"{module}.weight"
-            if key not in keys:
+            if key not in base:
                 return f"{label} adapts {module}, which {model} does not have: an adapter of another model{said}"
-            out_features, in_features = base.get_slice(key).get_shape()
+            out_features, in_features = base[key]
             a_in, b_out = adapter.get_slice(a_key).get_shape()[1], adapter.get_slice(b_key).get_shape()[0]
             if a_in != in_features or b_out != out_features:
                 return (f"{label} adapts {module} as a [{b_out}, {a_in}] weight, {model} has it "
@@ -141,25 +140,24 @@ def pairs(path: Path) -> dict[str, tuple[Any, Any]]:
 def build(adapter: NamedAdapter, base_folder: Path, out: Path) -> None:
     """Write a named adapter for the base model in base_folder (its float32 folder) into out."""
     import numpy as np
-    from safetensors import safe_open
     from safetensors.numpy import save_file
+
+    from harness.models import weight_files
 
     rng = np.random.default_rng(adapter.seed)
     scale = adapter.alpha / adapter.rank
     tensors = {}
-    names = sorted(k for k in tensor_names(base_folder / "model.safetensors")
-                   if k.endswith(".weight") and k.rsplit(".", 2)[-2] in PROJECTIONS)
-    with safe_open(str(base_folder / "model.safetensors"), "np") as weights:
-        for key in names:
-            weight = weights.get_tensor(key).astype(np.float64)
-            out_features, in_features = weight.shape
-            a = rng.standard_normal((adapter.rank, in_features)) / np.sqrt(in_features)
-            b = rng.standard_normal((out_features, adapter.rank))
-            update = scale * b @ a
-            b *= UPDATE_NORM * np.linalg.norm(weight) / np.linalg.norm(update)
-            module = key.removesuffix(".weight")
-            tensors[f"base_model.model.{module}.lora_A.weight"] = a.astype(np.float32)
-            tensors[f"base_model.model.{module}.lora_B.weight"] = b.astype(np.float32)
+    weights = weight_files.load(base_folder)
+    for key in sorted(k for k in weights if k.endswith(".weight") and k.rsplit(".", 2)[-2] in PROJECTIONS):
+        weight = weights[key].astype(np.float64)
+        out_features, in_features = weight.shape
+        a = rng.standard_normal((adapter.rank, in_features)) / np.sqrt(in_features)
+        b = rng.standard_normal((out_features, adapter.rank))
+        update = scale * b @ a
+        b *= UPDATE_NORM * np.linalg.norm(weight) / np.linalg.norm(update)
+        module = key.removesuffix(".weight")
+        tensors[f"base_model.model.{module}.lora_A.weight"] = a.astype(np.float32)
+        tensors[f"base_model.model.{module}.lora_B.weight"] = b.astype(np.float32)
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / WEIGHTS))
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": adapter.base,

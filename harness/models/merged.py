@@ -6,6 +6,7 @@ model at temperature 0)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -21,35 +22,47 @@ def split(model: str) -> tuple[str, str] | None:
 
 
 def merge(base_folder: Path, adapter_folder: Path, out: Path) -> None:
-    """Write the merged weights in float32 and bfloat16 beside the base's other files (config, tokenizer)."""
+    """Write the merged weights in float32 and bfloat16 beside the base's other files (config, tokenizer), in the
+    base's own files: a sharded base stays sharded, shard by shard (one shard in memory at a time)."""
     import torch
     from safetensors.torch import load_file, save_file
 
-    from harness.models import lora
+    from harness.core.errors import ConfigError
+    from harness.models import lora, weight_files
 
+    files = weight_files.files(base_folder)
+    if not files:
+        raise ConfigError(weight_files.missing_problem(base_folder))
     info = lora.read(adapter_folder)
-    weights = load_file(str(base_folder / "model.safetensors"))
-    for module, (a, b) in lora.pairs(adapter_folder).items():
-        key = f"{module}.weight"
-        if key not in weights:
-            raise ValueError(f"{adapter_folder}: adapts {module}, which {base_folder} does not have")
-        update = info.scale * torch.from_numpy(b).double() @ torch.from_numpy(a).double()
-        weights[key] = (weights[key].double() + update).to(torch.float32)
-    for dtype, torch_dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-        folder = out / dtype
-        folder.mkdir(parents=True)
+    pairs = {f"{module}.weight": ab for module, ab in lora.pairs(adapter_folder).items()}
+    unknown = sorted(set(pairs) - set(weight_files.shapes(base_folder)))
+    if unknown:
+        raise ValueError(f"{adapter_folder}: adapts {unknown[0].removesuffix('.weight')}, which {base_folder} does "
+                         "not have")
+    variants = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    sizes = dict.fromkeys(variants, 0)
+    for dtype in variants:
+        (out / dtype).mkdir(parents=True)
         for item in base_folder.iterdir():
-            if item.is_file() and item.name not in ("model.safetensors", "source.json"):
-                shutil.copy2(item, folder / item.name)
-        save_file({k: v.to(torch_dtype).contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"),
-                  metadata={"format": "pt"})
-        if dtype == "bfloat16":
-            _set_dtype(folder / "config.json", "bfloat16")
+            if item.is_file() and item not in files and item.name not in (weight_files.INDEX, "source.json"):
+                shutil.copy2(item, out / dtype / item.name)
+        _set_dtype(out / dtype / "config.json", dtype)
+    for file in files:
+        weights = load_file(str(file))
+        for key in pairs.keys() & weights.keys():
+            a, b = (torch.from_numpy(t).double() for t in pairs[key])
+            weights[key] = (weights[key].double() + info.scale * b @ a).to(torch.float32)
+        for dtype, torch_dtype in variants.items():
+            stored = {k: v.to(torch_dtype).contiguous() for k, v in weights.items()}
+            save_file(stored, str(out / dtype / file.name), metadata={"format": "pt"})
+            sizes[dtype] += sum(t.numel() * t.element_size() for t in stored.values())
+    if (base_folder / weight_files.INDEX).exists():
+        for dtype, size in sizes.items():
+            index = {"metadata": {"total_size": size}, "weight_map": weight_files.weight_map(base_folder)}
+            (out / dtype / weight_files.INDEX).write_text(json.dumps(index, indent=2))
 
 
 def _set_dtype(config_path: Path, dtype: str) -> None:
-    import json
-
     config = json.loads(config_path.read_text())
     config["torch_dtype" if "torch_dtype" in config else "dtype"] = dtype
     config_path.write_text(json.dumps(config, indent=2))

@@ -21,14 +21,22 @@ HIDDEN = 16
 Q, DOWN = "model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj"
 
 
-def base_model(folder: Path) -> Path:
-    """A model folder whose weights the shape check reads (config.json and model.safetensors)."""
+def base_model(folder: Path, shards: int = 1) -> Path:
+    """A model folder whose weights the shape check reads: config.json and model.safetensors, or (shards 2) its
+    tensors in two files named by model.safetensors.index.json, as save_pretrained shards a model."""
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
-    save_file({"model.layers.0.self_attn.q_proj.weight": np.zeros((HIDDEN, HIDDEN), np.float32),
+    tensors = {"model.layers.0.self_attn.q_proj.weight": np.zeros((HIDDEN, HIDDEN), np.float32),
                "model.layers.0.mlp.down_proj.weight": np.zeros((HIDDEN, 2 * HIDDEN), np.float32),
-               "lm_head.weight": np.zeros((32, HIDDEN), np.float32)},
-              str(folder / "model.safetensors"))
+               "lm_head.weight": np.zeros((32, HIDDEN), np.float32)}
+    if shards == 1:
+        save_file(tensors, str(folder / "model.safetensors"))
+        return folder
+    names = [f"model-0000{i + 1}-of-0000{shards}.safetensors" for i in range(shards)]
+    where = {key: names[i % shards] for i, key in enumerate(tensors)}
+    for name in names:
+        save_file({k: v for k, v in tensors.items() if where[k] == name}, str(folder / name))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": where}))
     return folder
 
 
@@ -141,3 +149,40 @@ def test_weights_that_are_not_safetensors_are_named(tmp_path: Path) -> None:
     folder = adapter(tmp_path / "a")
     (folder / lora.WEIGHTS).write_bytes(b"not a safetensors file")
     assert "is not a readable safetensors file" in lora.folder_problem(folder)
+
+
+def test_a_sharded_base_is_read_for_the_adapter_shape_check(tmp_path: Path) -> None:
+    """Issue 75 item 3: the weights of a base saved in two shards are read, not skipped."""
+    other = adapter(tmp_path / "other", modules={Q: (2 * HIDDEN, 2 * HIDDEN)})
+    message = refusal(scenario(tmp_path, base_model(tmp_path / "base", shards=2), "vllm", str(other)))
+    assert "[32, 32] weight" in message and "[16, 16]" in message
+    load(scenario(tmp_path, tmp_path / "base", "vllm", str(adapter(tmp_path / "fits"))))
+
+
+def test_a_sharded_base_merges_shard_by_shard(tmp_path: Path, monkeypatch) -> None:
+    """`<sharded base>+<adapter>` builds: each shard merged and kept a shard, the index written for each dtype."""
+    from safetensors.numpy import load_file
+
+    monkeypatch.setenv(catalog.CACHE_ENV, str(tmp_path / "cache"))
+    base = base_model(tmp_path / "base", shards=2)
+    folder = adapter(tmp_path / "a", modules={DOWN: (HIDDEN, 2 * HIDDEN)})
+    out = catalog.resolve(f"{base}+{folder}", "float32")
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert index["weight_map"] == json.loads((base / "model.safetensors.index.json").read_text())["weight_map"]
+    shard = out / index["weight_map"]["model.layers.0.mlp.down_proj.weight"]
+    assert np.allclose(load_file(str(shard))["model.layers.0.mlp.down_proj.weight"], 2.0 * 4)
+    assert not (out / "model.safetensors").exists()
+    halves = json.loads((out.parent / "bfloat16" / "model.safetensors.index.json").read_text())["metadata"]
+    assert 2 * halves["total_size"] == index["metadata"]["total_size"] == 4 * (16 * 16 + 16 * 32 + 32 * 16)
+
+
+def test_a_base_without_readable_safetensors_is_named_before_merging(tmp_path: Path) -> None:
+    folder = str(adapter(tmp_path / "a"))
+    base = base_model(tmp_path / "base", shards=2)
+    (base / "model-00002-of-00002.safetensors").unlink()
+    problem = catalog.model_problem(f"{base}+{folder}")
+    assert "weight_map names model-00002-of-00002.safetensors" in problem and "\n" not in problem
+    (base / "model.safetensors.index.json").write_text("{")
+    assert "model.safetensors.index.json is not readable JSON" in catalog.model_problem(f"{base}+{folder}")
+    (base / "model.safetensors.index.json").unlink()
+    assert "has no model.safetensors or model.safetensors.index.json" in catalog.model_problem(f"{base}+{folder}")
