@@ -8,16 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adapters.engines.llamacpp_gguf import (
-    WRITERS,
-    bundled_source,
-    gemma3_hparams,
-    gguf_name,
-    hf_pieces,
-    named_model,
-    rope_layout,
-    stored,
-)
+from adapters.engines.gguf_architectures import WRITERS, gemma3_hparams, stored
+from adapters.engines.gguf_cache import bundled_source, named_model
+from adapters.engines.gguf_rope import rope_layout
+from adapters.engines.gguf_tokenizer import hf_pieces
+from adapters.engines.gguf_writer import gguf_name
 from adapters.tracing.ggml_graph import GGML_GEMMA3
 from harness.models.catalog import MODELS
 

@@ -1,4 +1,4 @@
-"""Scaled rope in the GGUF files written for llama.cpp (adapters.engines.llamacpp_gguf): the keys and tensors each HF
+"""Scaled rope in the GGUF files written for llama.cpp (adapters.engines.gguf_rope): the keys and tensors each HF
 rope type becomes (llama.cpp's converter's own: linear and yarn as rope.scaling keys, llama3 as a rope_freqs tensor,
 LongRoPE as rope_factors_long / rope_factors_short with its attention factor), the one-line refusals of what llama.cpp
 would compute differently, and the llama.cpp engines' context option (n_ctx) and YaRN betas."""
@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from adapters.engines.gguf_architectures import hparams, writer_for
+from adapters.engines.gguf_rope import rope_scaling, rope_tensors
 from adapters.engines.llamacpp import context_size, yarn_betas
-from adapters.engines.llamacpp_gguf import hparams, rope_scaling, rope_tensors, writer_for
 from harness.core.types import EngineSetup
 
 LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,

@@ -8,8 +8,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from adapters.engines.gguf_architectures import hparams, writer_for
+from adapters.engines.gguf_rope import rope_layout
+from adapters.engines.gguf_writer import gguf_name
 from adapters.engines.llamacpp import translate
-from adapters.engines.llamacpp_gguf import gguf_name, hparams, rope_layout, writer_for
 from adapters.engines.llamacpp_server import echo_positions
 from adapters.http.client import translate as request_body
 from adapters.http.dialect_check import schema_problems
