@@ -11,9 +11,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adapters.engines.gguf_rope import LLAMA_ROPES, PLAIN_ROPES, rope_dimensions, rope_layout, rope_scaling
+from adapters.engines.gguf_rope import (
+    LLAMA_ROPES,
+    PLAIN_ROPES,
+    one_rope,
+    read_rope,
+    rope_dimensions,
+    rope_layout,
+    rope_scaling,
+)
 from adapters.engines.gguf_writer import Hparams, require
-from harness.models.families import rope_parameters
 
 Transform = Callable[[np.ndarray, Hparams], np.ndarray]
 
@@ -32,15 +39,14 @@ class Architecture:
 
 
 def hparams(config: dict) -> Hparams:
-    """llama.cpp's Llama hyperparameters from an HF config.json (rope_theta under rope_parameters in newer files),
-    with the rope scaling keys of a scaled rope (rope_scaling)."""
+    """llama.cpp's Llama hyperparameters from an HF config.json, the rope as transformers reads it (one_rope), with
+    the rope scaling keys of a scaled rope (rope_scaling)."""
     heads = config["num_attention_heads"]
-    rope = config.get("rope_parameters") or {}
     return {
         "block_count": config["num_hidden_layers"], "context_length": config.get("max_position_embeddings", 2048),
         "embedding_length": config["hidden_size"], "feed_forward_length": config["intermediate_size"],
         "head_count": heads, "head_count_kv": config.get("num_key_value_heads") or heads,
-        "rope_freq_base": float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0),
+        "rope_freq_base": float(one_rope(config)["rope_theta"]),
         "layer_norm_rms_eps": float(config.get("rms_norm_eps", 1e-6)), "vocab_size": config["vocab_size"],
         "rope_dimension_count": rope_dimensions(config), **rope_scaling(config),
     }
@@ -54,25 +60,24 @@ def gemma3_hparams(config: dict) -> Hparams:
     """llama.cpp's gemma3 hyperparameters, the keys its converter writes (conversion/gemma.py, Gemma3Model), plus the
     sliding layers' pattern and rope base only where they differ from llama.cpp's defaults."""
     layers, head_dim = config["num_hidden_layers"], config["head_dim"]
-    rope = config["rope_parameters"]
+    full, sliding_rope = read_rope(config, "full_attention"), read_rope(config, "sliding_attention")
     require(config.get("query_pre_attn_scalar", head_dim) == head_dim, config,
             "llama.cpp scales attention by 1/sqrt(head_dim), not by query_pre_attn_scalar")
     require(config.get("attn_logit_softcapping") is None, config, "llama.cpp's gemma3 graph has no attention "
             "soft-capping")
-    require(all(r.get("rope_type", "default") == "default" for r in rope.values()), config,
-            "rope scaling is not written here")
+    require(full["rope_type"] == sliding_rope["rope_type"] == "default", config, "rope scaling is not written here")
     out: Hparams = {
         "context_length": config["max_position_embeddings"], "embedding_length": config["hidden_size"],
         "block_count": layers, "feed_forward_length": config["intermediate_size"],
         "head_count": config["num_attention_heads"], "layer_norm_rms_eps": float(config["rms_norm_eps"]),
         "key_length": head_dim, "value_length": head_dim,
-        "rope_freq_base": float(rope["full_attention"]["rope_theta"]),
+        "rope_freq_base": float(full["rope_theta"]),
         "sliding_window": config["sliding_window"], "head_count_kv": config["num_key_value_heads"]}
     sliding = [kind == "sliding_attention" for kind in config["layer_types"]]
     if sliding != [i % GEMMA3_SWA_PERIOD < GEMMA3_SWA_PERIOD - 1 for i in range(layers)]:
         out["sliding_window_pattern"] = sliding
-    if float(rope["sliding_attention"]["rope_theta"]) != GEMMA3_SWA_ROPE_BASE:
-        out["rope_freq_base_swa"] = float(rope["sliding_attention"]["rope_theta"])
+    if float(sliding_rope["rope_theta"]) != GEMMA3_SWA_ROPE_BASE:
+        out["rope_freq_base_swa"] = float(sliding_rope["rope_theta"])
     if config.get("final_logit_softcapping"):
         out["final_logit_softcapping"] = float(config["final_logit_softcapping"])
     return out
@@ -155,7 +160,7 @@ def writer_for(config: dict) -> Architecture:
         raise RuntimeError(f"gguf: no GGUF writer for model type '{model_type}' (known: {', '.join(WRITERS)}): give "
                            "the engine a GGUF file (option gguf: PATH)")
     arch = WRITERS[model_type]
-    kind = rope_parameters(config)["rope_type"]
+    kind = read_rope(config)["rope_type"]
     require(kind in arch.ropes or kind not in LLAMA_ROPES, config, f"{kind} rope scaling is not written for "
             f"llama.cpp's {arch.gguf_arch.lower()} graph (it applies {', '.join(sorted(arch.ropes))} only)")
     return arch

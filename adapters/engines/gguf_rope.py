@@ -1,7 +1,8 @@
 """Rope as llama.cpp holds it, in the GGUF files written here: a Llama's q and k rows permuted into llama.cpp's rope
 layout, and a scaled rope as llama.cpp's converter writes it (linear and yarn as rope.scaling keys, llama3 as a
 rope_freqs tensor, LongRoPE as rope_factors_long/_short tensors with its attention factor), a rope llama.cpp would
-compute differently refused in one line."""
+compute differently refused in one line. Every rope parameter is read as the installed transformers reads it
+(read_rope), so the file holds the rope HF computes with."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import math
 import numpy as np
 
 from adapters.engines.gguf_writer import Hparams, refuse, require
-from harness.models.families import rope_parameters
+from harness.models.families import hf_rope_parameters
 
 
 def rope_layout(rows: np.ndarray, n_head: int) -> np.ndarray:
@@ -26,10 +27,29 @@ PLAIN_ROPES = frozenset({"default", "linear", "yarn"})  # rope scalings every ll
 LLAMA_ROPES = PLAIN_ROPES | {"llama3", "longrope"}
 
 
+def read_rope(config: dict, layer_type: str = "full_attention") -> dict:
+    """The rope's parameters as the installed transformers reads config.json (harness.models.families
+    .hf_rope_parameters: its default theta, its choice of original_max_position_embeddings); a config transformers
+    refuses is refused here too, in one line."""
+    try:
+        return hf_rope_parameters(config, layer_type)
+    except ValueError as exc:
+        refuse(config, str(exc))
+
+
+def one_rope(config: dict) -> dict:
+    """The rope of a graph that rotates every layer alike (llama.cpp's llama, qwen2, qwen3moe): refused where a
+    per-layer-type config gives its layer types different ropes."""
+    rope = read_rope(config)
+    differ = sorted({kind for kind in config.get("layer_types") or () if read_rope(config, kind) != rope})
+    require(not differ, config, f"{', '.join(differ)} layers have a rope of their own (llama.cpp's "
+            f"{config.get('model_type')} graph rotates every layer alike)")
+    return rope
+
+
 def original_context(config: dict, rope: dict) -> int:
-    """The context the scaled rope was trained for: original_max_position_embeddings in the rope's parameters
-    (transformers 5) or at the top of config.json (older files)."""
-    value = rope.get("original_max_position_embeddings") or config.get("original_max_position_embeddings")
+    """The context the scaled rope was trained for, as transformers settles it (read_rope)."""
+    value = rope.get("original_max_position_embeddings")
     if value is None:
         refuse(config, f"{rope['rope_type']} rope scaling without original_max_position_embeddings")
     return int(value)
@@ -49,7 +69,7 @@ def rope_scaling(config: dict) -> Hparams:
     and the betas the config sets (as llama.cpp's converter writes them); longrope -> type,
     original context (the length llama.cpp compares its context with to choose the long or short factors) and the
     attention factor HF scales cos and sin by. Refuses what llama.cpp would compute differently."""
-    rope = rope_parameters(config)
+    rope = one_rope(config)
     kind = rope["rope_type"]
     if kind == "linear":
         return {"rope_scaling_type": "linear", "rope_scaling_factor": rope_factor(config, rope)}
@@ -94,7 +114,7 @@ def rope_tensors(config: dict) -> dict[str, np.ndarray]:
     """The rope tensors llama.cpp's converter generates beside the checkpoint's (generate_extra_tensors), by GGUF
     name: llama3 -> rope_freqs (each frequency's wavelength factor), longrope -> rope_factors_long and
     rope_factors_short (the config's lists); none for other ropes."""
-    rope = rope_parameters(config)
+    rope = one_rope(config)
     half = rope_dimensions(config) // 2
     if rope["rope_type"] == "llama3":
         return {"rope_freqs.weight": llama3_factors(config, rope, half)}
@@ -111,9 +131,9 @@ def rope_tensors(config: dict) -> dict[str, np.ndarray]:
 def llama3_factors(config: dict, rope: dict, half: int) -> np.ndarray:
     """Llama 3's rope scaling as llama.cpp holds it: one factor per frequency that divides it (transformers'
     _compute_llama3_parameters): high frequencies kept, low ones divided by `factor`, a smooth band between. The
-    original context is the rope parameters' (llama.cpp's converter reads it from the top of config.json, 8192 when
-    absent: transformers 5 writes it inside rope_parameters)."""
-    base = float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0)
+    original context is the one transformers settles on (llama.cpp's converter reads it from the top of config.json,
+    8192 when absent)."""
+    base = float(rope["rope_theta"])
     factor, low, high = (float(rope.get(k, d)) for k, d in (("factor", 8.0), ("low_freq_factor", 1.0),
                                                              ("high_freq_factor", 4.0)))
     original = original_context(config, rope)

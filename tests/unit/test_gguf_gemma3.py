@@ -61,7 +61,8 @@ def test_gemma3_writes_what_differs_from_llama_cpps_defaults() -> None:
 @pytest.mark.parametrize("change, why", [
     ({"query_pre_attn_scalar": 128}, "not by query_pre_attn_scalar"),
     ({"attn_logit_softcapping": 50.0}, "no attention soft-capping"),
-    ({"rope_parameters": {**CONFIG["rope_parameters"], "full_attention": {"rope_theta": 1e6, "rope_type": "linear"}}},
+    ({"rope_parameters": {**CONFIG["rope_parameters"], "full_attention": {"rope_theta": 1e6, "rope_type": "linear",
+                                                                                  "factor": 2.0}}},
      "rope scaling"),
 ])
 def test_a_gemma3_config_llama_cpp_would_compute_differently_is_refused(change: dict, why: str) -> None:
