@@ -74,6 +74,7 @@ class LoraRules:
     # the smallest one not below it is used); None: any rank
     modules: tuple[str, ...] | None = None  # the module names it can adapt; None: any linear layer
     package: str | None = None  # the package it applies adapters with, if not its own (checked where it runs here)
+    bias: bool | None = None  # whether it applies a lora_B.bias (PEFT's lora_bias); None: its own support decides
 
 
 @dataclass(frozen=True)

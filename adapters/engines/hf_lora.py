@@ -9,7 +9,8 @@ from typing import Any
 from adapters.contract import LoraRules
 from harness.core.types import LoraSetup
 
-RULES = LoraRules(source="PEFT 0.21: any rank, any linear module", package="peft")
+RULES = LoraRules(source="PEFT 0.21: any rank, any linear or embedding module, lora_B's bias", package="peft",
+                  bias=True)
 
 
 def with_adapter(model: Any, lora: LoraSetup | None, dtype: str) -> Any:

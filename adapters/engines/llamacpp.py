@@ -32,7 +32,7 @@ from adapters.contract import (
     SamplingCode,
     greedy_ignored,
 )
-from adapters.engines import llamacpp_gguf
+from adapters.engines import gguf_cache, llamacpp_gguf
 from adapters.engines.gguf_tensors import describe
 from adapters.engines.llamacpp_lora import RULES as LORA_RULES
 from adapters.engines.llamacpp_lora import adapter_gguf
@@ -63,8 +63,8 @@ class Options(EngineOptions):
     @field_validator("gguf")
     @classmethod
     def _known_variant(cls, value: str) -> str:
-        if value not in llamacpp_gguf.VARIANTS and not value.endswith(".gguf"):
-            raise ValueError(f"gguf: {value!r} is neither a variant ({', '.join(llamacpp_gguf.VARIANTS)}) nor a path "
+        if value not in gguf_cache.VARIANTS and not value.endswith(".gguf"):
+            raise ValueError(f"gguf: {value!r} is neither a variant ({', '.join(gguf_cache.VARIANTS)}) nor a path "
                              "to a .gguf file")
         return value
 

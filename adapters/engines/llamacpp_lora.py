@@ -13,12 +13,15 @@ from pathlib import Path
 import numpy as np
 
 from adapters.contract import LoraRules
-from adapters.engines.llamacpp_gguf import atomic_write, cache_dir, gguf_name, locked, stored, writer_for
+from adapters.engines.gguf_architectures import stored, writer_for
+from adapters.engines.gguf_cache import atomic_write, cache_dir, locked
+from adapters.engines.gguf_writer import gguf_file, gguf_name
 from harness.models import lora
 from harness.models.lora import fingerprint
 
-RULES = LoraRules(source="llama.cpp's LoRA adapters (a GGUF adapter written here from the PEFT folder)",
-                  modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+RULES = LoraRules(source="llama.cpp's LoRA adapters (a GGUF adapter written here from the PEFT folder: A and B of "
+                         "the projections, no bias)",
+                  modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), bias=False)
 
 
 def adapter_gguf(model_path: Path, adapter: Path) -> Path:
@@ -38,18 +41,15 @@ def write_adapter(model_path: Path, adapter: Path, out: Path) -> None:
     arch = writer_for(config)
     hparams = arch.hparams(config)
     info = lora.read(adapter)
-    writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch.gguf_arch)])
-    writer.add_type(gguf.GGUFType.ADAPTER)
-    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
-    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, info.scale * info.rank)  # llama.cpp scales by alpha / r
-    for module, (a, b) in sorted(lora.pairs(adapter).items()):
-        name = gguf_name(f"{module}.weight", config["num_hidden_layers"], arch.gguf_arch)
-        if name is None:
-            raise RuntimeError(f"gguf: llama.cpp has no tensor for the adapted module {module}")
-        writer.add_tensor(f"{name}.lora_a", np.ascontiguousarray(a.astype(np.float32)))
-        # B's rows are the weight's output rows: laid out as the base weight is
-        writer.add_tensor(f"{name}.lora_b", np.ascontiguousarray(stored(b, name, arch, hparams, "f32")))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with gguf_file(out, arch.gguf_arch) as writer:
+        writer.add_type(gguf.GGUFType.ADAPTER)
+        writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+        writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, info.scale * info.rank)  # llama.cpp scales by alpha / r
+        for module, update in sorted(lora.updates(adapter).items()):
+            name = gguf_name(f"{module}.weight", config["num_hidden_layers"], arch.gguf_arch)
+            if name is None or update.embedding or update.bias is not None:  # the preflight refused these (RULES)
+                raise RuntimeError(f"gguf: the adapter's {module} is not a projection llama.cpp's adapter holds "
+                                   f"({RULES.source})")
+            writer.add_tensor(f"{name}.lora_a", np.ascontiguousarray(update.a.astype(np.float32)))
+            # B's rows are the weight's output rows: laid out as the base weight is
+            writer.add_tensor(f"{name}.lora_b", np.ascontiguousarray(stored(update.b, name, arch, hparams, "f32")))

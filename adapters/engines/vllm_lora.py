@@ -10,10 +10,11 @@ from typing import Any
 from adapters.contract import LoraRules
 from harness.core.types import LoraSetup
 
-# vllm.config.lora.MaxLoRARanks, and the projections its packed LoRA layers wrap in a decoder
-RULES = LoraRules(source="vLLM 0.32's max_lora_rank choices and its decoder LoRA layers",
+# vllm.config.lora.MaxLoRARanks, the projections its packed LoRA layers wrap in a decoder, and its PEFTHelper, which
+# refuses an adapter with lora_bias ("vLLM does not support LoRA bias")
+RULES = LoraRules(source="vLLM 0.32's max_lora_rank choices, its decoder LoRA layers and no LoRA bias",
                   ranks=(1, 8, 16, 32, 64, 128, 256, 320, 512),
-                  modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+                  modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), bias=False)
 LORA_ID = 1  # vLLM's integer id of the (only) adapter
 
 

@@ -116,7 +116,7 @@ def _applies(model_path: Path, gguf: str | None, key: str, value: Any) -> tuple[
     tokenizer metadata, which may or may not be the file's eos_token_id (asked of llama.cpp, vocabulary only)."""
     if key != "eos_token_id":
         return "no", "llama.cpp reads the GGUF, never generation_config.json"
-    from adapters.engines.llamacpp_gguf import variant_path
+    from adapters.engines.gguf_cache import variant_path
 
     path = Path(gguf) if gguf and gguf.endswith(".gguf") else variant_path(model_path, gguf) if gguf else None
     if path is None or not path.exists():

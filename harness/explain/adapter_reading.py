@@ -38,8 +38,9 @@ def compare(reference: dict[tuple[int, str], float], other: dict[tuple[int, str]
         return abs(a - b) <= rtol * max(abs(a), abs(b))
 
     shared = sorted(reference)
-    if all(close(reference[k], other.get(k, 0.0)) for k in shared):
-        return {"kind": "same", "sentence": f"the LoRA updates agree in all {len(shared)} adapted modules"}
+    adapted = sorted({k for k, v in (*reference.items(), *other.items()) if v > 0})  # by either engine
+    if all(close(reference.get(k, 0.0), other.get(k, 0.0)) for k in adapted):
+        return {"kind": "same", "sentence": f"the LoRA updates agree in all {len(adapted)} adapted modules"}
     shift = _layer_shift(reference, other, close)
     if shift is not None:
         return {"kind": "layer_shift", "offset": shift,
@@ -78,7 +79,7 @@ def _layer_shift(reference: dict[tuple[int, str], float], other: dict[tuple[int,
                  close: Callable[[float, float], bool]) -> int | None:
     """The one offset d with other[(i, m)] == reference[(i + d, m)] for every update the other engine holds: layers
     off by d with the edge layer left without one (an off-by-one index), or wrapping around the layers; None if no
-    offset explains at least half of the reference's updates."""
+    offset explains at least half of the reference's updates (module names with nothing in common explain none)."""
     layers = sorted({layer for layer, _ in reference})
     count = len(layers)
     held = [(i, m) for (i, m), value in other.items() if value > 0 and i in layers]
@@ -88,8 +89,10 @@ def _layer_shift(reference: dict[tuple[int, str], float], other: dict[tuple[int,
         if d and all(close(other[(i, m)], reference.get((i + d, m), -1.0)) for i, m in held):
             return d
     for d in range(1, count):
-        if all(close(other[(i, m)], reference[(layers[(layers.index(i) + d) % count], m)]) for i, m in held
-               if (layers[(layers.index(i) + d) % count], m) in reference):
+        pairs = [((i, m), (layers[(layers.index(i) + d) % count], m)) for i, m in held]
+        compared = [(mine, theirs) for mine, theirs in pairs if theirs in reference]
+        if 2 * len(compared) >= len(reference) and all(close(other[mine], reference[theirs])
+                                                       for mine, theirs in compared):
             return d if d <= count // 2 else d - count
     return None
 

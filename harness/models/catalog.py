@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.core.errors import ConfigError
-from harness.models import lora, merged, tiny
+from harness.models import lora, merged, tiny, weight_files
 from harness.models.tiny import TinyFamily
 
 CACHE_ENV = "LLM_PARITY_CACHE"
@@ -294,7 +294,8 @@ def model_problem(model: str) -> str | None:
 
     parts = merged.split(model)
     if parts:
-        return model_problem(parts[0]) or lora.problem(parts[1]) or adapter_fit_problem(*parts)
+        return model_problem(parts[0]) or lora.problem(parts[1]) or _unmergeable(parts[0]) or \
+            adapter_fit_problem(*parts, merging=True)
     why = None if model in MODELS else folder_problem(model)
     return why and (f"'{shown(model)}' {why}: use a named model ({', '.join(MODELS)}) or the path of an HF "
                     "model folder with config.json")
@@ -344,17 +345,39 @@ def adapter_folder(value: str) -> Path:
                       lambda: (target / lora.CONFIG).exists())
 
 
-def adapter_fit_problem(model: str, value: str) -> str | None:
+def adapter_fit_problem(model: str, value: str, merging: bool = False) -> str | None:
     """Why adapter `value` (lora.problem() accepted it) does not fit `model`: a named adapter of another base, or
-    shapes the base's weights do not have, where they are on disk without preparing anything; else None."""
+    shapes the base's weights do not have, where they are on disk without preparing anything; with `merging`, also
+    what a merged model cannot hold (harness.models.merged.merge_problem); else None."""
     from harness.core.user_paths import expanded
 
     if value in lora.ADAPTERS:
         base = lora.ADAPTERS[value].base
         return None if base == model else f"{value} is an adapter of {base}, not of {model}"
     folder = MODELS[model].folder("float32") if model in MODELS else expanded(Path(model))
-    weights = folder / "model.safetensors"
-    return lora.shape_problem(value, lora.read(adapter_folder(value)), weights, model) if weights.exists() else None
+    try:
+        shapes = weight_files.shapes(folder)  # every shard of a sharded folder
+    except ConfigError as exc:
+        return exc.message
+    if not shapes:
+        return None
+    adapter = adapter_folder(value)
+    return lora.shape_problem(value, lora.read(adapter), shapes, model) or \
+        (merged.merge_problem(shapes, adapter, value, model) if merging else None)
+
+
+def _unmergeable(model: str) -> str | None:
+    """Why a base model folder on disk has no weights an adapter can be merged into (safetensors), or None; a named
+    model not prepared yet is not looked at."""
+    from harness.core.user_paths import expanded
+
+    if model in MODELS:
+        return None
+    folder = expanded(Path(model))
+    try:
+        return None if weight_files.files(folder) else weight_files.missing_problem(folder)
+    except ConfigError as exc:
+        return exc.message
 
 
 def merged_folder(model: str, dtype: str) -> Path:
@@ -363,7 +386,7 @@ def merged_folder(model: str, dtype: str) -> Path:
 
     base, adapter = merged.split(model) or ("", "")
     base_folder, adapter_path = resolve(base, "float32"), adapter_folder(adapter)
-    problem = adapter_fit_problem(base, adapter)  # the base is on disk now
+    problem = adapter_fit_problem(base, adapter, merging=True)  # the base is on disk now
     if problem:
         raise ConfigError(f"model {model}: {problem}")
     digest = hashlib.sha256(f"{base_folder}\n{lora.fingerprint(adapter_path)}".encode()).hexdigest()[:12]

@@ -1,12 +1,13 @@
 """LoRA adapters: the named tiny adapters the project builds (seeded, like the tiny models), how an adapter folder is
 read, and why one cannot be used. An adapter is a PEFT folder: adapter_config.json (rank `r`, `lora_alpha`,
 `target_modules`, `use_rslora`, `base_model_name_or_path`) and adapter_model.safetensors with, per adapted module,
-`base_model.model.<module>.lora_A.weight` [r, in] and `lora_B.weight` [out, r]; the module's output becomes
+its A and B (and B's bias, or an embedding's pair: harness.models.lora_tensors); the module's output becomes
 base(x) + scale * B(A(x)), scale = lora_alpha / r (lora_alpha / sqrt(r) with use_rslora).
 
 The named adapters adapt every projection of every layer (q, k, v, o, gate, up, down) with rank 8, alpha 16, and
 B drawn away from zero (PEFT initialises it to zero, which would make an adapter that changes nothing): each
 module's update B A is scaled to a tenth of its base weight's norm, so an engine that drops one module shows.
+lora-tiny-llama-rslora is one saved with use_rslora (scale alpha / sqrt(r)), other weights (its own seed).
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from harness.models import lora_tensors
+from harness.models.lora_tensors import PARTS, ModuleUpdate, module_keys
 
 CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+HEAD = "lm_head"  # the output projection, which a base may tie to its input embedding
 UPDATE_NORM = 0.1  # ||scale * B A|| / ||W|| of every adapted module of a named adapter
 # adapter_config.json settings beyond plain LoRA, which the merge and the GGUF writer do not reproduce
 UNSUPPORTED = ("use_dora", "rank_pattern", "alpha_pattern", "modules_to_save", "fan_in_fan_out", "bias")
@@ -30,15 +34,21 @@ class NamedAdapter:
     rank: int = 8
     alpha: int = 16
     seed: int = 0
+    rslora: bool = False  # saved with use_rslora: scale alpha / sqrt(r)
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / (self.rank ** 0.5 if self.rslora else self.rank)
 
     @property
     def description(self) -> str:
-        return (f"random rank-{self.rank} LoRA adapter (alpha {self.alpha}) on every projection of {self.base}, "
-                "seeded")
+        return (f"random rank-{self.rank} {'rsLoRA' if self.rslora else 'LoRA'} adapter (alpha {self.alpha}) on every "
+                f"projection of {self.base}, seeded")
 
 
 ADAPTERS = {a.name: a for a in (NamedAdapter("lora-smollm2", "smollm2-135m"),
-                                NamedAdapter("lora-tiny-llama", "tiny-llama"))}
+                                NamedAdapter("lora-tiny-llama", "tiny-llama"),
+                                NamedAdapter("lora-tiny-llama-rslora", "tiny-llama", seed=1, rslora=True))}
 
 
 @dataclass(frozen=True)
@@ -49,8 +59,9 @@ class AdapterInfo:
     rank: int
     alpha: float
     rslora: bool
-    targets: tuple[str, ...]  # module names adapted (q_proj, ...), as the weights have them
+    targets: tuple[str, ...]  # module names adapted (q_proj, ..., embed_tokens, lm_head), as the weights have them
     base: str  # base_model_name_or_path ('' if not given)
+    biased: tuple[str, ...] = ()  # module names whose lora_B has a bias (PEFT's lora_bias)
 
     @property
     def scale(self) -> float:
@@ -74,42 +85,70 @@ def folder_problem(path: Path) -> str | None:
         return f"{path / CONFIG}: r (the rank) is {config.get('r')!r}; it must be a positive integer"
     unsupported = [key for key in UNSUPPORTED if config.get(key) not in (None, False, {}, [], "none")]
     if unsupported:
-        return (f"{path / CONFIG}: {', '.join(unsupported)} set; only plain LoRA (one rank and alpha, linear "
-                "modules, no bias or extra trained modules) is compared")
+        return (f"{path / CONFIG}: {', '.join(unsupported)} set; only LoRA with one rank and alpha and nothing "
+                "trained beyond its A and B (and B's bias) is compared")
     try:
-        tensor_names(path / WEIGHTS)
+        names = tensor_names(path / WEIGHTS)
     except Exception as exc:  # safetensors raises its own error types for a file that is not safetensors
         return f"{path / WEIGHTS} is not a readable safetensors file ({type(exc).__name__}: {exc})"
+    modules, stray = module_keys(names)
+    if stray:
+        return (f"{path / WEIGHTS}: {stray[0]} is not a LoRA tensor the harness applies ({', '.join(PARTS)}, each "
+                "with its pair): an adapter is applied whole or not at all")
+    if not modules:
+        return f"{path / WEIGHTS} holds no LoRA tensors: save the adapter with PEFT's save_pretrained"
     return None
 
 
-def shape_problem(label: str, info: AdapterInfo, weights: Path, model: str) -> str | None:
-    """The adapter's A and B shapes against the base weights they adapt (weights: the base's model.safetensors),
-    or None when they fit."""
+def shape_problem(label: str, info: AdapterInfo, base: dict[str, tuple[int, ...]], model: str) -> str | None:
+    """The adapter's A and B shapes against the base weights they adapt (base: tensor name -> shape over the base
+    model's weight files, harness.models.weight_files.shapes), or None when they fit."""
     from safetensors import safe_open
 
     said = f" (its adapter_config.json names {info.base} as its base)" if info.base else ""
-    keys = set(tensor_names(weights))
-    with safe_open(str(weights), "np") as base, safe_open(str(info.path / WEIGHTS), "np") as adapter:
-        for module, (a_key, b_key) in pair_keys(list(adapter.keys())).items():  # shapes from the headers alone
-            key = f"{module}.weight"
-            if key not in keys:
+    with safe_open(str(info.path / WEIGHTS), "np") as adapter:
+        modules, _ = module_keys(list(adapter.keys()))  # a file handle, not a mapping: shapes from the headers alone
+        for module, keys in modules.items():
+            key = base_weight(module, base)
+            if key is None:
                 return f"{label} adapts {module}, which {model} does not have: an adapter of another model{said}"
-            out_features, in_features = base.get_slice(key).get_shape()
-            a_in, b_out = adapter.get_slice(a_key).get_shape()[1], adapter.get_slice(b_key).get_shape()[0]
-            if a_in != in_features or b_out != out_features:
-                return (f"{label} adapts {module} as a [{b_out}, {a_in}] weight, {model} has it "
-                        f"[{out_features}, {in_features}]: an adapter of another model{said}")
+            a_shape, b_shape = adapter.get_slice(keys.a).get_shape(), adapter.get_slice(keys.b).get_shape()
+            rows, cols = b_shape[0], a_shape[1]
+            shapes = [(cols, rows) if keys.embedding else (rows, cols)]
+            shapes += [tuple(adapter.get_slice(keys.base).get_shape())] if keys.base else []  # its saved own weight
+            wrong = next((shape for shape in shapes if shape != tuple(base[key])), None)
+            if wrong is not None:
+                return (f"{label} adapts {module} as a [{', '.join(map(str, wrong))}] weight, {model} has it "
+                        f"[{', '.join(map(str, base[key]))}]: an adapter of another model{said}")
     return None
+
+
+def base_weight(module: str, base: dict[str, tuple[int, ...]]) -> str | None:
+    """The base weight an adapted module's update adds to (among `base`'s tensor names), or None: the module's own,
+    or for lm_head on a base that ties it to its input embedding (no lm_head.weight saved) that embedding's."""
+    if f"{module}.weight" in base:
+        return f"{module}.weight"
+    return tied_embedding(base) if module == HEAD else None
+
+
+def tied_embedding(base: dict[str, tuple[int, ...]]) -> str | None:
+    """The input embedding a base model's lm_head is tied to: its one *embed_tokens.weight where it saves no
+    lm_head.weight; None for an untied base."""
+    if f"{HEAD}.weight" in base:
+        return None
+    found = [name for name in base if name.endswith("embed_tokens.weight")]
+    return found[0] if len(found) == 1 else None
 
 
 def read(path: Path) -> AdapterInfo:
     """An adapter folder folder_problem() accepted."""
     config = json.loads((path / CONFIG).read_text())
-    targets = {key.split(".lora_A.")[0].rsplit(".", 1)[-1] for key in tensor_names(path / WEIGHTS) if ".lora_A." in key}
+    modules, _ = module_keys(tensor_names(path / WEIGHTS))
+    targets = {module.rsplit(".", 1)[-1] for module in modules}
+    biased = {module.rsplit(".", 1)[-1] for module, keys in modules.items() if keys.bias}
     return AdapterInfo(path, int(config["r"]), float(config.get("lora_alpha", config["r"])),
                        bool(config.get("use_rslora", False)), tuple(sorted(targets)),
-                       str(config.get("base_model_name_or_path") or ""))
+                       str(config.get("base_model_name_or_path") or ""), tuple(sorted(biased)))
 
 
 def tensor_names(file: Path) -> list[str]:
@@ -120,51 +159,37 @@ def tensor_names(file: Path) -> list[str]:
         return list(handle.keys())  # a file handle, not a mapping: keys() is how it lists its tensors
 
 
-def pair_keys(names: list[str]) -> dict[str, tuple[str, str]]:
-    """Base module name (model.layers.0.self_attn.q_proj) -> the names of its A and B tensors in the adapter's file."""
-    found: dict[str, dict[str, str]] = {}
-    for key in names:
-        prefix, _, rest = key.partition(".lora_")
-        if rest in ("A.weight", "B.weight"):
-            found.setdefault(prefix.removeprefix("base_model.model."), {})[rest[0]] = key
-    return {module: (ab["A"], ab["B"]) for module, ab in found.items() if set(ab) == {"A", "B"}}
-
-
-def pairs(path: Path) -> dict[str, tuple[Any, Any]]:
-    """The adapter's weights: base module name (model.layers.0.self_attn.q_proj) -> (A [r, in], B [out, r]), numpy."""
-    from safetensors.numpy import load_file
-
-    tensors = load_file(str(path / WEIGHTS))
-    return {module: (tensors[a], tensors[b]) for module, (a, b) in pair_keys(list(tensors)).items()}
+def updates(path: Path) -> dict[str, ModuleUpdate]:
+    """The adapter's tensors per base module name (model.layers.0.self_attn.q_proj), numpy."""
+    return lora_tensors.updates(path, WEIGHTS)
 
 
 def build(adapter: NamedAdapter, base_folder: Path, out: Path) -> None:
     """Write a named adapter for the base model in base_folder (its float32 folder) into out."""
     import numpy as np
-    from safetensors import safe_open
     from safetensors.numpy import save_file
 
+    from harness.models import weight_files
+
     rng = np.random.default_rng(adapter.seed)
-    scale = adapter.alpha / adapter.rank
+    scale = adapter.scale
     tensors = {}
-    names = sorted(k for k in tensor_names(base_folder / "model.safetensors")
-                   if k.endswith(".weight") and k.rsplit(".", 2)[-2] in PROJECTIONS)
-    with safe_open(str(base_folder / "model.safetensors"), "np") as weights:
-        for key in names:
-            weight = weights.get_tensor(key).astype(np.float64)
-            out_features, in_features = weight.shape
-            a = rng.standard_normal((adapter.rank, in_features)) / np.sqrt(in_features)
-            b = rng.standard_normal((out_features, adapter.rank))
-            update = scale * b @ a
-            b *= UPDATE_NORM * np.linalg.norm(weight) / np.linalg.norm(update)
-            module = key.removesuffix(".weight")
-            tensors[f"base_model.model.{module}.lora_A.weight"] = a.astype(np.float32)
-            tensors[f"base_model.model.{module}.lora_B.weight"] = b.astype(np.float32)
+    weights = weight_files.load(base_folder)
+    for key in sorted(k for k in weights if k.endswith(".weight") and k.rsplit(".", 2)[-2] in PROJECTIONS):
+        weight = weights[key].astype(np.float64)
+        out_features, in_features = weight.shape
+        a = rng.standard_normal((adapter.rank, in_features)) / np.sqrt(in_features)
+        b = rng.standard_normal((out_features, adapter.rank))
+        update = scale * b @ a
+        b *= UPDATE_NORM * np.linalg.norm(weight) / np.linalg.norm(update)
+        module = key.removesuffix(".weight")
+        tensors[f"base_model.model.{module}.lora_A.weight"] = a.astype(np.float32)
+        tensors[f"base_model.model.{module}.lora_B.weight"] = b.astype(np.float32)
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / WEIGHTS))
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": adapter.base,
               "r": adapter.rank, "lora_alpha": adapter.alpha, "target_modules": list(PROJECTIONS),
-              "lora_dropout": 0.0, "bias": "none", "use_rslora": False, "fan_in_fan_out": False,
+              "lora_dropout": 0.0, "bias": "none", "use_rslora": adapter.rslora, "fan_in_fan_out": False,
               "modules_to_save": None, "inference_mode": True}
     (out / CONFIG).write_text(json.dumps(config, indent=2))
 

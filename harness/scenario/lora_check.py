@@ -1,7 +1,8 @@
 """Preflight of a scenario's LoRA adapters, before any engine loads: the adapter is named or a readable PEFT folder,
-the engine applies adapters at all, its rank is within the engine's limit and its target modules are ones the engine
-can adapt (each refusal quoting the engine's own rule, adapters.contract.LoraRules); an adapter made for another
-base model (its modules' shapes) is refused where the base model's folder can be read without preparing it."""
+the engine applies adapters at all, its rank is within the engine's limit, its target modules are ones the engine
+can adapt and a lora_B.bias is there only where the engine applies one (each refusal quoting the engine's own rule,
+adapters.contract.LoraRules); an adapter made for another base model (its modules' shapes) is refused where the base
+model's folder can be read without preparing it."""
 
 from __future__ import annotations
 
@@ -37,4 +38,7 @@ def lora_problem(value: str | None, model: str, name: str, description: EngineDe
     if unsupported:
         return (f"{value} adapts {', '.join(unsupported)}, which {description.name} cannot adapt ({rules.source}: "
                 f"{', '.join(rules.modules or ())})")
+    if info.biased and rules.bias is False:
+        return (f"{value} has a lora_B.bias ({', '.join(info.biased)}; PEFT's lora_bias), which {description.name} "
+                f"does not apply ({rules.source}): give the engine `lora: none` or an adapter without it")
     return None

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from adapters.engines import llamacpp_gguf
+from adapters.engines.gguf_rope import rope_layout
 from adapters.engines.llamacpp_server import Engine as LlamaCppServer
 from adapters.http import dialect_check
 from adapters.http.dialects import DIALECTS
@@ -196,7 +197,7 @@ def test_gguf_variants_hold_the_hf_engines_weights(tmp_path: Path) -> None:
     f32 = gguf_tensors(llamacpp_gguf.ensure(folder, "f32"))
     hf = load_file(str(folder / "model.safetensors"))
     q = hf["model.layers.5.self_attn.q_proj.weight"]
-    assert np.array_equal(np.asarray(f32["blk.5.attn_q.weight"].data).reshape(q.shape), llamacpp_gguf.rope_layout(q, 9))
+    assert np.array_equal(np.asarray(f32["blk.5.attn_q.weight"].data).reshape(q.shape), rope_layout(q, 9))
     down = hf["model.layers.29.mlp.down_proj.weight"]
     assert np.array_equal(np.asarray(f32["blk.29.ffn_down.weight"].data).reshape(down.shape), down)
     q8 = gguf_tensors(llamacpp_gguf.ensure(folder, "q8_0"))

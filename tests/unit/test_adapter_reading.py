@@ -1,6 +1,6 @@
 """The LoRA update comparison of harness.explain.adapter_reading on hand-written norms: equal updates agree, a module
-one engine leaves out is named, a common factor is a scale (rsLoRA's sqrt(r) named), another layer's updates a
-layer shift, anything else other weights."""
+one engine leaves out or adds is named, a common factor is a scale (rsLoRA's sqrt(r) named), another layer's updates
+a layer shift (never modules with nothing in common), anything else other weights."""
 
 from __future__ import annotations
 
@@ -62,3 +62,16 @@ def test_an_off_by_one_index_that_leaves_the_last_layer_bare_is_a_layer_shift_no
     shifted = {(layer, m): REFERENCE[(layer + 1, m)] for layer, m in REFERENCE if layer < 2}
     found = compare(REFERENCE, shifted, 8, "x")
     assert (found["kind"], found["offset"]) == ("layer_shift", 1), found
+
+
+def test_an_engine_that_adapts_modules_the_reference_does_not_is_named_not_same() -> None:
+    """Issue 75 item 4: the reference's modules alone were compared, so extra ones read as the same updates."""
+    found = compare(REFERENCE, {**REFERENCE, (0, "o_proj"): 0.7, (2, "o_proj"): 0.9}, 8, "x")
+    assert found["kind"] == "extra" and "x adapts o_proj, which the reference does not" in found["sentence"]
+
+
+def test_module_names_with_nothing_in_common_are_not_a_layer_shift() -> None:
+    """Issue 75 item 4: the wrap-around search compared nothing (all() of no pairs) and called it a shift of 1."""
+    renamed = {(layer, "qkv_proj"): value for (layer, _), value in REFERENCE.items()}
+    found = compare(REFERENCE, renamed, 8, "x")
+    assert found["kind"] == "unadapted" and found["modules"] == ["q_proj", "v_proj"], found

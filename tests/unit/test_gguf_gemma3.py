@@ -8,16 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adapters.engines.llamacpp_gguf import (
-    WRITERS,
-    bundled_source,
-    gemma3_hparams,
-    gguf_name,
-    hf_pieces,
-    named_model,
-    rope_layout,
-    stored,
-)
+from adapters.engines.gguf_architectures import WRITERS, gemma3_hparams, stored
+from adapters.engines.gguf_cache import bundled_source, named_model
+from adapters.engines.gguf_rope import rope_layout
+from adapters.engines.gguf_tokenizer import hf_pieces
+from adapters.engines.gguf_writer import gguf_name
 from adapters.tracing.ggml_graph import GGML_GEMMA3
 from harness.models.catalog import MODELS
 
@@ -66,7 +61,8 @@ def test_gemma3_writes_what_differs_from_llama_cpps_defaults() -> None:
 @pytest.mark.parametrize("change, why", [
     ({"query_pre_attn_scalar": 128}, "not by query_pre_attn_scalar"),
     ({"attn_logit_softcapping": 50.0}, "no attention soft-capping"),
-    ({"rope_parameters": {**CONFIG["rope_parameters"], "full_attention": {"rope_theta": 1e6, "rope_type": "linear"}}},
+    ({"rope_parameters": {**CONFIG["rope_parameters"], "full_attention": {"rope_theta": 1e6, "rope_type": "linear",
+                                                                                  "factor": 2.0}}},
      "rope scaling"),
 ])
 def test_a_gemma3_config_llama_cpp_would_compute_differently_is_refused(change: dict, why: str) -> None:

@@ -1,18 +1,23 @@
-"""Scaled rope in the GGUF files written for llama.cpp (adapters.engines.llamacpp_gguf): the keys and tensors each HF
+"""Scaled rope in the GGUF files written for llama.cpp (adapters.engines.gguf_rope): the keys and tensors each HF
 rope type becomes (llama.cpp's converter's own: linear and yarn as rope.scaling keys, llama3 as a rope_freqs tensor,
 LongRoPE as rope_factors_long / rope_factors_short with its attention factor), the one-line refusals of what llama.cpp
-would compute differently, and the llama.cpp engines' context option (n_ctx) and YaRN betas."""
+would compute differently, and the llama.cpp engines' context option (n_ctx) and YaRN betas. Every rope parameter is
+the one the installed transformers computes with (issue 75 item 5): its default theta, its original context where
+config.json states two, a per-layer-type config's."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from adapters.engines.gguf_architectures import hparams, writer_for
+from adapters.engines.gguf_rope import rope_scaling, rope_tensors
+from adapters.engines.gguf_writer import gguf_file
 from adapters.engines.llamacpp import context_size, yarn_betas
-from adapters.engines.llamacpp_gguf import hparams, rope_scaling, rope_tensors, writer_for
 from harness.core.types import EngineSetup
 
 LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
@@ -57,8 +62,8 @@ def test_yarn_writes_type_factor_original_context_and_only_the_betas_the_config_
     betas = scaled("yarn", factor=4.0, original_max_position_embeddings=32, beta_fast=16, beta_slow=2)
     assert rope_scaling(betas)["rope_scaling_yarn_beta_fast"] == 16.0
     assert rope_scaling(betas)["rope_scaling_yarn_beta_slow"] == 2.0
-    no_factor = scaled("yarn", original_max_position_embeddings=256)  # transformers: max positions / original
-    assert rope_scaling(no_factor)["rope_scaling_factor"] == 4.0
+    with pytest.raises(RuntimeError, match="transformers cannot read its config .*'yarn': {'factor'}"):
+        rope_scaling(scaled("yarn", original_max_position_embeddings=256))  # transformers 5.19 requires a factor
 
 
 def test_llama3_becomes_a_rope_freqs_tensor_equal_to_transformers_scaling() -> None:
@@ -96,13 +101,13 @@ def test_longrope_writes_both_factor_lists_its_original_context_and_attention_fa
     (scaled("yarn", factor=4.0, original_max_position_embeddings=32, mscale=1.0, mscale_all_dim=1.0),
      "yarn with its own mscale, mscale_all_dim"),
     (scaled("yarn", factor=4.0, original_max_position_embeddings=32, truncate=False), "yarn with truncate: false"),
-    (scaled("yarn", factor=4.0), "yarn rope scaling without original_max_position_embeddings"),
+    ({**LLAMA, "model_type": "llama-ish"}, "model type 'llama-ish' is not one transformers knows"),
 ])
 def test_a_rope_llama_cpp_would_compute_differently_is_refused_in_one_line(config: dict, why: str) -> None:
     with pytest.raises(RuntimeError) as error:
         hparams(config)
     message = str(error.value)
-    assert "cannot write model type 'llama'" in message and why in message and "\n" not in message
+    assert f"cannot write model type '{config['model_type']}'" in message and why in message and "\n" not in message
 
 
 def test_longrope_factor_lists_of_the_wrong_width_are_refused() -> None:
@@ -130,6 +135,66 @@ def test_llama_written_types_take_every_rope_llama_cpp_reproduces(model_type: st
                        "model_type": "qwen2"}).gguf_arch == "QWEN2"  # yarn: scaling keys every graph applies
 
 
+def hf_config(tmp_path: Path, config: dict):
+    """The config transformers builds from this config.json, as from_pretrained reads a model folder."""
+    from transformers import AutoConfig
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return AutoConfig.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("inner", [32, None])
+def test_llama3_factors_use_the_original_context_transformers_computes_with(tmp_path: Path, inner: int | None) -> None:
+    """config.json states an original context at its top (64) and in rope_parameters (32), or only at its top: the
+    model's rope function takes the top-level value either way (the writer took the rope dict's 32)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {k: v for k, v in LLAMA3["rope_parameters"].items() if k != "original_max_position_embeddings"}
+    config = {**LLAMA3, "original_max_position_embeddings": 64,
+              "rope_parameters": {**rope, **({"original_max_position_embeddings": inner} if inner else {})}}
+    llama3, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_config(tmp_path, config))
+    default = 1.0 / THETA ** (np.arange(0, 32, 2, dtype=np.float32) / 32)
+    np.testing.assert_allclose(rope_tensors(config)["rope_freqs.weight"], default / llama3.numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("model_type, top, inner", [("llama", 64, 32), ("llama", None, None), ("phi3", None, 32)])
+def test_longrope_attention_factor_uses_the_original_context_transformers_computes_with(
+        tmp_path: Path, model_type: str, top: int | None, inner: int | None) -> None:
+    """The attention factor, sqrt(1 + ln(factor) / ln(original context)), against transformers' own longrope function
+    on the same config.json: the top-level value where there is one; else the rope dict's, else the class's own
+    (Phi3Config's 4096, over the dict's 32) or max_position_embeddings (the writer refused a missing one)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from adapters.engines.gguf_rope import longrope_attention_factor, read_rope
+
+    config = {**scaled("longrope", factor=32.0, short_factor=SHORT, long_factor=LONG,
+                       **({"original_max_position_embeddings": inner} if inner else {})),
+              "model_type": model_type, **({"original_max_position_embeddings": top} if top else {})}
+    _, expected = ROPE_INIT_FUNCTIONS["longrope"](hf_config(tmp_path, config))
+    assert longrope_attention_factor(config, read_rope(config)) == pytest.approx(expected, rel=1e-12)
+    if model_type == "llama":
+        assert rope_scaling(config)["rope_scaling_attn_factors"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_rope_theta_is_the_one_transformers_reads_per_layer_type_or_by_default(tmp_path: Path) -> None:
+    """A per-layer-type config (qwen2 declares layer types) gives its theta inside each layer type's entry (the
+    writer fell back to 10000); a config with no theta anywhere takes its class's default (Mixtral's 1e6)."""
+    per_type = {**LLAMA, "model_type": "qwen2", "layer_types": ["full_attention", "full_attention"],
+                "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6}}}
+    expected = hf_config(tmp_path, per_type).rope_parameters["full_attention"]["rope_theta"]
+    assert hparams(per_type)["rope_freq_base"] == expected == 1e6
+    mixtral = {**LLAMA, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2}
+    assert hparams(mixtral)["rope_freq_base"] == hf_config(tmp_path, mixtral).rope_parameters["rope_theta"] == 1e6
+
+
+def test_layer_types_with_ropes_of_their_own_are_refused_where_every_layer_rotates_alike() -> None:
+    config = {**LLAMA, "model_type": "qwen2", "layer_types": ["sliding_attention", "full_attention"],
+              "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                  "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
+    with pytest.raises(RuntimeError, match="sliding_attention layers have a rope of their own"):
+        hparams(config)
+
+
 def setup(max_context: int | None) -> EngineSetup:
     return EngineSetup(name="llama.cpp", model_path=Path("/nowhere"), dtype="float32", workdir=Path("/nowhere"),
                        max_context=max_context)
@@ -154,12 +219,9 @@ def test_the_server_is_started_with_the_n_ctx_option_and_the_files_yarn_betas(tm
     from adapters.engines.llamacpp_server import Options, command
 
     path = tmp_path / "yarn.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-    writer.add_rope_scaling_yarn_beta_slow(4.0)
-    for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file,
-                  writer.close):
-        write()
+    with gguf_file(path, "LLAMA") as writer:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_yarn_beta_slow(4.0)
     assert yarn_betas(str(path)) == {"yarn_beta_slow": 4.0}
     assert yarn_betas(str(tmp_path / "missing.gguf")) == {}
     line = command(setup(48), 8000, Options(n_ctx=64), str(path), 1, False, context_size(setup(48), 64))

@@ -8,8 +8,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from adapters.engines.gguf_architectures import hparams, writer_for
+from adapters.engines.gguf_rope import rope_layout
+from adapters.engines.gguf_writer import gguf_name
 from adapters.engines.llamacpp import translate
-from adapters.engines.llamacpp_gguf import gguf_name, hparams, rope_layout, writer_for
 from adapters.engines.llamacpp_server import echo_positions
 from adapters.http.client import translate as request_body
 from adapters.http.dialect_check import schema_problems
@@ -42,9 +44,9 @@ def test_hf_tensor_names_map_to_llama_cpp_names() -> None:
 
 
 def test_hyperparameters_read_rope_theta_where_transformers_5_writes_it() -> None:
-    config = {"num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576, "num_hidden_layers": 30,
-              "intermediate_size": 1536, "vocab_size": 49152, "rms_norm_eps": 1e-5, "head_dim": 64,
-              "rope_parameters": {"rope_theta": 100000.0}}
+    config = {"model_type": "llama", "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576,
+              "num_hidden_layers": 30, "intermediate_size": 1536, "vocab_size": 49152, "rms_norm_eps": 1e-5,
+              "head_dim": 64, "rope_parameters": {"rope_theta": 100000.0}}
     h = hparams(config)
     assert h["rope_freq_base"] == 100000.0 and h["head_count_kv"] == 3 and h["rope_dimension_count"] == 64
     assert hparams({**config, "rope_parameters": None, "rope_theta": 500.0})["rope_freq_base"] == 500.0

@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adapters.engines.llamacpp_gguf import gguf_name, stacked_experts, stored, writer_for
+from adapters.engines.gguf_architectures import stacked_experts, stored, writer_for
+from adapters.engines.gguf_writer import gguf_name
 from adapters.tracing.ggml_graph import GGML_LLAMA, GGML_QWEN2, GGML_QWEN3_MOE
 from adapters.tracing.routes import choice_margin
 
