@@ -8,7 +8,7 @@ projection, then its reshape, then its rope), so the op tells them apart and vie
 
 llama.cpp's GGUF converter permutes the q and k projections of a Llama so that its rope rotates adjacent pairs;
 q, k and their roped versions are put back in HF's head layout (hf_layout below, the inverse of
-adapters.engines.llamacpp_gguf.rope_layout), so the trace compares with HF's position by position (Gemma's rope is
+adapters.engines.gguf_rope.rope_layout), so the trace compares with HF's position by position (Gemma's rope is
 NEOX, HF's layout: nothing to undo). An architecture without a map is refused with the reason.
 
 A mixture-of-experts graph (llama.cpp's build_moe_ffn) names the router logits `ffn_moe_logits-<il>`, the block's
@@ -40,7 +40,7 @@ NUMPY_TYPES = {GGML_F32: np.float32, GGML_F16: np.float16, GGML_I32: np.int32}  
 
 def hf_layout(activations: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp -> HF for q/k activations [positions, n_head*d] (the inverse of
-    adapters.engines.llamacpp_gguf.rope_layout on the last axis)."""
+    adapters.engines.gguf_rope.rope_layout on the last axis)."""
     positions, width = activations.shape
     head_dim = width // n_head
     return activations.reshape(positions, n_head, head_dim // 2, 2).swapaxes(2, 3).reshape(positions, width)
