@@ -120,7 +120,7 @@ def explain_all_and_print(scenarios: list[LoadedScenario], out: Path, selection:
     scores stay loaded from their run to their passes (harness.executors.worker_pool): no model loads twice."""
     from harness.executors.choice import kept_loaded, release_loaded
     from harness.explain.early_passes import EarlyPasses, known_cases
-    from harness.explain.trace_passes import explained_engines, loads_reused
+    from harness.run.trace_passes import explained_engines, loads_reused
 
     scenarios = [s.with_resolved([n for names in explained_engines(s) for n in names]) for s in scenarios]
     keys = {id(s): loads_reused(s, *explained_engines(s)) for s in scenarios}

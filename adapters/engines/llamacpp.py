@@ -365,7 +365,7 @@ DESCRIPTION = EngineDescription(
     name="llama.cpp", summary="llama.cpp through llama-cpp-python in the worker, on a GGUF of the scenario's model",
     engine=Engine, options=Options,
     requirement=Requirement(module="llama_cpp", distribution="llama-cpp-python", extra="llamacpp"),
-    capabilities=Capabilities(traces=True, dtypes=("float32",)),
+    capabilities=Capabilities(traces=True, forced_layers=True, dtypes=("float32",)),
     sampling=lambda options: SamplingCode("adapters.sampling.llamacpp", {
         "mode": "library", "last_n_tokens": options.last_n_tokens, "gguf": options.gguf}),
     prepare=llamacpp_gguf.prepare, weights=lambda model_path, options: llamacpp_gguf.weights(model_path, options.gguf),

@@ -32,6 +32,7 @@ from adapters.tracing.capture import logits_start, trace_path, trace_result, tra
 from adapters.tracing.routes import ROUTER, Choice, write_table
 from harness.core.points import layer_point, parse
 from harness.core.types import TraceRequest, TraceResult
+from harness.rundir.traces import Trace
 
 VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"})  # no computation: never a capture point
 GGML_F32, GGML_F16, GGML_I32 = 0, 1, 26
@@ -152,7 +153,8 @@ def _ggml() -> Any:
     for name, restype, argtypes in (
             ("ggml_get_name", ctypes.c_char_p, [ctypes.c_void_p]), ("ggml_op_desc", ctypes.c_char_p, [ctypes.c_void_p]),
             ("ggml_nelements", ctypes.c_int64, [ctypes.c_void_p]), ("ggml_nbytes", ctypes.c_size_t, [ctypes.c_void_p]),
-            ("ggml_backend_tensor_get", None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t])):
+            ("ggml_backend_tensor_get", None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]),
+            ("ggml_backend_tensor_set", None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t])):
         function = getattr(lib, name)
         function.restype, function.argtypes = restype, argtypes
     return lib
@@ -188,6 +190,7 @@ class GraphTracer:
         self.positions = 0
         self.error = ""
         self.routing = False  # this pass collects the chosen experts (a full pass, a map with routes)
+        self.inputs: Trace | None = None  # a layer-forced pass: the reference's trace whose rows each layer starts from
         self.routes: dict[str, np.ndarray] = {}  # routes table column (layers.<i>.experts) -> [positions, k]
         self.routers: dict[str, np.ndarray] = {}  # layers.<i>.router -> the router logits, for the margin
         self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_tensor)  # kept alive with the tracer
@@ -204,9 +207,16 @@ class GraphTracer:
         if self.map is None:
             return None
         point = self.map.point(name, op, self._inputs(tensor, name) if self.map.by_input else ())
-        if point is None or point in self.done or (self.wanted is not None and point not in self.wanted):
+        if point is None or point in self.done:
+            return None
+        if self.wanted is not None and point not in self.wanted and not self._fed(point):
             return None
         return point
+
+    def _fed(self, point: str) -> bool:
+        """Whether this pass replaces a point's rows with the reference's: a layer's input (the embeddings, the
+        residual stream after a layer) in a layer-forced pass."""
+        return self.inputs is not None and (point == "embeddings" or point.endswith(".residual"))
 
     def _route(self, name: str) -> str | None:
         """The routes table column a node fills in this pass (each one once), or None."""
@@ -237,10 +247,26 @@ class GraphTracer:
 
     def _capture(self, tensor: int, point: str) -> None:
         self.done.add(point)
-        rows = self._read(tensor, point)
-        if self.routing and point.endswith(f".{ROUTER}"):
-            self.routers[point] = rows.numpy().astype(np.float64)
-        self.writer.add(point, rows)
+        if self.wanted is None or point in self.wanted:
+            rows = self._read(tensor, point)
+            if self.routing and point.endswith(f".{ROUTER}"):
+                self.routers[point] = rows.numpy().astype(np.float64)
+            self.writer.add(point, rows)
+        if self._fed(point):
+            self._feed(tensor, point)
+
+    def _feed(self, tensor: int, point: str) -> None:
+        """Overwrite a computed layer input with the reference's rows, before the nodes after it read it (the
+        scheduler evaluates the graph up to each node the callback asked for, then hands it over)."""
+        struct = _Tensor.from_address(tensor)
+        if struct.type != GGML_F32 or struct.view_src or int(struct.nb[1]) != int(struct.ne[0]) * 4:
+            raise RuntimeError(f"{point}: not a contiguous float32 tensor, cannot be fed the reference's rows")
+        if self.inputs is None:
+            raise RuntimeError(f"{point}: fed outside a forced pass")
+        rows = np.ascontiguousarray(self.inputs.rows(point, 0, self.positions), dtype=np.float32)
+        if rows.size != int(self.ggml.ggml_nelements(tensor)):
+            raise RuntimeError(f"{point}: {rows.shape} reference rows for a tensor of {struct.ne[0]} x {struct.ne[1]}")
+        self.ggml.ggml_backend_tensor_set(tensor, rows.ctypes.data, 0, rows.nbytes)
 
     def _values(self, tensor: int, what: str) -> np.ndarray:
         """A computed tensor's values in its own type, ggml's outermost axis first ([ne3, ne2, ne1, ne0]); a view
@@ -265,17 +291,20 @@ class GraphTracer:
             rows = hf_layout(rows, self.heads[layout])
         return torch.from_numpy(np.ascontiguousarray(rows))
 
-    def run(self, token_ids: list[int], points: list[str] | None, writer: Any, logits_from: int) -> None:
+    def run(self, token_ids: list[int], points: list[str] | None, writer: Any, logits_from: int,
+            inputs_from: str | None = None) -> None:
         """Evaluate the sequence, streaming the wanted points (every point when None) and the logits from position
         logits_from on to writer. Every position is evaluated with its logits: llama.cpp computes only the rows
-        of positions that ask for logits in its last layer, and the last layer's points need them all."""
+        of positions that ask for logits in its last layer, and the last layer's points need them all.
+        inputs_from: the reference's trace each layer starts from (a layer-forced pass: adapters.tracing.forcing)."""
         import torch
 
-        if self.unavailable and (points is None or set(points) - {"logits"}):
+        if self.unavailable and (points is None or set(points) - {"logits"} or inputs_from):
             raise RuntimeError(self.unavailable)
         lc = self.llama_cpp
         lc.llama_memory_clear(lc.llama_get_memory(self.ctx), True)
         self.writer, self.done, self.positions, self.error = writer, set(), len(token_ids), ""
+        self.inputs = Trace(inputs_from) if inputs_from else None
         self.wanted = set(points) if points is not None else None
         self.routing, self.routes, self.routers = bool(self.map and self.map.routes) and points is None, {}, {}
         batch = lc.llama_batch_init(len(token_ids), 0, 1)
@@ -287,9 +316,13 @@ class GraphTracer:
             status = lc.llama_decode(self.ctx, batch)
         finally:
             lc.llama_batch_free(batch)
-            self.writer = None
+            self.writer, inputs, self.inputs = None, self.inputs, None
         if self.error or status != 0:
             raise RuntimeError(f"llama.cpp trace: {self.error or f'llama_decode returned {status}'}")
+        if inputs is not None:
+            fed = {"embeddings", *(p for p in inputs.points if p.endswith(".residual"))}
+            if missing := sorted(fed - self.done):
+                raise RuntimeError(f"llama.cpp trace: the graph computed no {missing[0]} to start a layer from")
         if points is None or "logits" in points:
             vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
             logits = np.ctypeslib.as_array(lc.llama_get_logits(self.ctx), shape=(len(token_ids) * vocab,))
@@ -325,12 +358,15 @@ def run_graph_traces(engine_name: str, tracer: GraphTracer, requests: list[Trace
         started = time.perf_counter()
         logits_from = logits_start(request)
         try:
-            tracer.run(request.token_ids, request.points, writer, logits_from)
+            tracer.run(request.token_ids, request.points, writer, logits_from, request.inputs_from)
         except BaseException:
             writer.discard()
             raise
-        about = {**metadata, "arch": tracer.map.name if tracer.map else "", "case_id": request.case_id}
+        about = {**metadata, "arch": tracer.map.name if tracer.map else "", "case_id": request.case_id,
+                 "forced": str(request.inputs_from is not None).lower()}
         points = writer.close({**about, "fused": "", "prompt_len": str(request.prompt_len),
                                "logits_from": str(logits_from)})
         routes = tracer.write_routes(path, about)
-        yield trace_result(engine_name, request, path, points, writer, started, routes)
+        result = trace_result(engine_name, request, path, points, writer, started, routes)
+        result.forced = request.inputs_from is not None
+        yield result

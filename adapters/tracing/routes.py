@@ -5,7 +5,7 @@ weakest chosen expert beat the strongest unchosen one in the engine's own select
 A routing decision is discrete, so it is not a capture point: it goes to a table of its own beside the trace,
 <case>.routes.safetensors (the trace layout, float64: per layer `layers.<i>.experts` and `layers.<i>.expert_weights`
 [positions, k], `layers.<i>.router_margin` [positions, 1]), compared by set equality and weight difference
-(harness.explain.routing). HF's router module returns (logits, weights, ids); vLLM routes in a method call
+(harness.compare.routing). HF's router module returns (logits, weights, ids); vLLM routes in a method call
 (FusedMoERouter.select_experts) no module hook reaches, so the method is wrapped on the layer's router object.
 Nothing here chooses experts: the margin only reads the router logits (the `router` point, kept for the pass) through
 the engine's scoring function and its score-correction bias.

@@ -18,8 +18,8 @@ from harness.core.types import TraceRequest
 from harness.executors import choice
 from harness.executors.engine_runs import EngineOutcome, Progress, Recorded, run_engines
 from harness.executors.start_next import usable_cores
-from harness.explain.trace_passes import TracePasses, explained_engines, noise_floor_dtype, plan_passes, trace_request
 from harness.plan.plans import EnginePlan
+from harness.run.trace_passes import TracePasses, explained_engines, noise_floor_dtype, plan_passes, trace_request
 from harness.rundir.journal import JOURNAL, read_journal
 from harness.scenario.spec import LoadedScenario
 

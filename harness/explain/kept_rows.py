@@ -21,8 +21,8 @@ import pandas as pd
 from harness.core.types import Result, TraceRequest, TraceResult
 from harness.executors.engine_runs import EngineOutcome, Progress, run_engines
 from harness.explain.localise import Localisation
-from harness.explain.trace_passes import FREE
 from harness.plan.plans import engine_plan
+from harness.run.trace_passes import FREE
 from harness.rundir.traces import Trace, trace_file_name, write_arrays
 from harness.scenario.spec import LoadedScenario
 

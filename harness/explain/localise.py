@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
+from harness.compare import routing as routes
+from harness.compare.layer_floor import block_words, sensitivity
 from harness.core.points import COMPONENT, parse
-from harness.explain import routing as routes
-from harness.explain.layer_floor import block_words, sensitivity
 from harness.rundir.localisations import Localisation
 
 Decode = Callable[[int], str]
@@ -103,7 +103,7 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
     forward order. ending: how the engines stop at different steps when the run judged them apart with no differing
     token to look at. missing_map: why no point inside the model was captured by both (only the logits were
     compared). near_tie: the run judged the divergence a near-tie. routing: both engines' chosen experts compared
-    (harness.explain.routing.classify). adapter: both engines' LoRA updates compared
+    (harness.compare.routing.classify). adapter: both engines' LoRA updates compared
     (harness.explain.adapter_reading.compare). forced: the engine's layers started from the reference's input."""
     if set(points["point"]) <= {"logits"}:
         return _logits_only(points, case_id=case_id, engine=engine, reference=reference, prompt_equal=prompt_equal,
@@ -171,8 +171,8 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
               f"{_fmt(worst['ratio'])}x the floor)")
     if base["sensitivity"]:
         reach = base["sensitivity"]
-        within += (f"; none above {reach['threshold']:.2%} (the largest threshold, at {_where(reach['point'])}: a "
-                   "change in any block of positions beyond it is seen)")
+        within += (f"; none above {100 * reach['threshold']:.3g}% (the largest threshold, at "
+                   f"{_where(reach['point'])}: a change in any block of positions beyond it is seen)")
     first = base.get("first_difference")
     drift = (f"; the engines first differ at {_where(first['point'])} ({COMPONENT.get(parse(first['point'])[1])})"
              if first else "; the engines' activations are bit-identical")

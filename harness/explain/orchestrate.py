@@ -18,15 +18,7 @@ import pandas as pd
 
 from adapters import registry
 from harness import models
-from harness.compare.own_top1 import TIE
-from harness.core.errors import ConfigError
-from harness.core.types import Result, TraceRequest, TraceResult
-from harness.executors.engine_runs import EngineOutcome, Progress, run_engines
-from harness.explain.adapter_reading import compare as compare_updates
-from harness.explain.adapter_reading import norms as adapter_norms
-from harness.explain.adapter_reading import tolerance as update_tolerance
-from harness.explain.early_passes import EarlyPasses
-from harness.explain.floors import (
+from harness.compare.floors import (
     Floors,
     add_floor,
     compared_points,
@@ -35,12 +27,22 @@ from harness.explain.floors import (
     floor_words,
     out_of_floor,
 )
+from harness.compare.own_top1 import TIE
+from harness.compare.routing import classify, compare_routes, read_routes
+from harness.compare.trace_diff import top2
+from harness.core.errors import ConfigError
+from harness.core.types import Result, TraceRequest, TraceResult
+from harness.executors.engine_runs import EngineOutcome, Progress, run_engines
+from harness.explain.adapter_reading import compare as compare_updates
+from harness.explain.adapter_reading import norms as adapter_norms
+from harness.explain.adapter_reading import tolerance as update_tolerance
+from harness.explain.early_passes import EarlyPasses
 from harness.explain.kept_rows import keep_rows
 from harness.explain.length_passes import length_dependent_rope, prefix_requests, reread
 from harness.explain.localise import Divergence, Localisation, localise
-from harness.explain.routing import classify, compare_routes, read_routes
-from harness.explain.trace_diff import top2
-from harness.explain.trace_passes import (
+from harness.plan.plans import EnginePlan
+from harness.run.outcome import RunOutcome
+from harness.run.trace_passes import (
     FORCED,
     FREE,
     TracePasses,
@@ -49,8 +51,6 @@ from harness.explain.trace_passes import (
     plan_passes,
     trace_request,
 )
-from harness.plan.plans import EnginePlan
-from harness.run.outcome import RunOutcome
 from harness.rundir.store import write_json
 from harness.rundir.tables import read_results, read_steps, write_parquet
 from harness.rundir.traces import Trace
@@ -88,7 +88,7 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
     and the floor's passes, started during the run (used when they trace the same cases)."""
     scenario, run_dir = outcome.scenario, outcome.run_dir
     spec, ref = scenario.spec, scenario.spec.reference
-    k = k or spec.explain.k  # None: each pass's dtype and kind decide (harness.explain.floors.default_k)
+    k = k or spec.explain.k  # None: each pass's dtype and kind decide (harness.compare.floors.default_k)
     cases = choose_cases(outcome, case_ids)
     results = read_results(run_dir).set_index(["engine", "case_id"])
     steps = read_steps(run_dir).set_index(["engine", "case_id", "step"])

@@ -49,7 +49,7 @@ class Timeouts(Strict):
 class ExplainSettings(Strict):
     """`parity explain`: a capture point leaves the noise floor when its error exceeds k x the floor (the reference
     engine vs itself on its own weights in higher precision: float32 for bf16/fp16 scenarios, float64 for float32
-    ones). Unset: the dtype's k for layer-forced passes (harness.explain.layer_floor.RULES), 10 for free ones."""
+    ones). Unset: the dtype's k for layer-forced passes (harness.compare.layer_floor.RULES), 10 for free ones."""
 
     k: float | None = Field(None, gt=1)
 

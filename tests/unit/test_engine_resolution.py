@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from harness.explain.trace_passes import explained_engines, loads_reused, noise_floor_dtype, plan_passes
 from harness.models import catalog, lora
 from harness.plan import invariance_checks
 from harness.plan.plans import engine_plan
 from harness.plan.requests import plan_engines
 from harness.run.execute import Selection, _drift_keys, runnable
+from harness.run.trace_passes import explained_engines, loads_reused, noise_floor_dtype, plan_passes
 from harness.scenario.spec import load
 
 from helpers import write_scenario

@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from harness.compare.trace_diff import EPS, against_floor, position_metrics
 from harness.core.points import LAYER_POINTS, layer_point, ordered
 from harness.explain.localise import Divergence, localise
-from harness.explain.trace_diff import EPS, against_floor, position_metrics
 
 
 def points_frame(errors: dict[str, float]) -> pd.DataFrame:

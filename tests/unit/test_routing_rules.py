@@ -1,4 +1,4 @@
-"""The routing rules of harness.explain.routing on hand-made tables: sets compared as sets whatever order an engine
+"""The routing rules of harness.compare.routing on hand-made tables: sets compared as sets whatever order an engine
 returns them in, weights matched by expert id, and each difference read as the module docstring says."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harness.explain import routing
-from harness.explain.routing import LayerRoutes
+from harness.compare import routing
+from harness.compare.routing import LayerRoutes
 
 
 def table(ids: list[list[int]], weights: list[list[float]], margins: list[float]) -> dict[int, LayerRoutes]:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from harness.explain.trace_diff import compare_traces, position_metrics
+from harness.compare.trace_diff import compare_traces, position_metrics
 from harness.rundir import traces
 from harness.rundir.traces import Trace, row_chunks
 

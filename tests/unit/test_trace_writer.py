@@ -102,7 +102,7 @@ def test_a_pass_compared_as_it_is_captured_writes_the_metrics_a_full_comparison_
     the metrics compare_traces computes from both whole traces, keeps only the rows asked for, and compares the
     logits over the columns both have."""
     from adapters.tracing.comparing_writer import ComparingWriter
-    from harness.explain.trace_diff import compare_traces, metrics_frame
+    from harness.compare.trace_diff import compare_traces, metrics_frame
 
     generator = torch.Generator().manual_seed(0)
     rows = {"embeddings": torch.randn(6, 4, generator=generator), "layers.0.q": torch.randn(6, 8, generator=generator),

@@ -67,13 +67,14 @@ def forced_engines(scenario: LoadedScenario, traceable: list[str]) -> list[str]:
     """The traced engines whose layers a pass can start from the reference's input (adapters.tracing.forcing): the
     engine can, and its architecture map for the engine's model has per-layer taps. None unless the reference can
     (its trace holds the inputs the others are fed)."""
-    from adapters.tracing.arch_maps import arch_map
-
+    from adapters.tracing.arch_maps import BUILTIN, arch_map
 
     def can(name: str) -> bool:
         description = scenario.description(name)
         if not description.capabilities.forced_layers:
             return False
+        if description.name not in BUILTIN:  # mapped by the engine itself (llama.cpp's graph maps)
+            return True
         model_type = json.loads((scenario.engine(name).model_folder / "config.json").read_text()).get("model_type", "")
         return not arch_map(description.name, model_type).logits_only
 

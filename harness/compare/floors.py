@@ -2,9 +2,9 @@
 
 A case has up to two floors, each the reference against itself on its own weights (rounded to the run's dtype) in
 higher precision: the forced floor, whose layers start from the reference's input like the forced passes of the
-engines that can (judged block by block: harness.explain.layer_floor), and the free floor, whose layers run on their
+engines that can (judged block by block: harness.compare.layer_floor), and the free floor, whose layers run on their
 own outputs like the passes of engines that cannot (an engine without a per-layer map, llama.cpp; judged by the
-worst position, cumulative over layers: harness.explain.trace_diff.against_floor). Where the floor's own routing
+worst position, cumulative over layers: harness.compare.trace_diff.against_floor). Where the floor's own routing
 chose other experts than the reference (a mixture of experts' near-ties), those positions of that layer are left
 out of the floor: a floor is rounding, not routing.
 """
@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from harness.compare.layer_floor import RULES, against_forced_floor
+from harness.compare.routing import compare_routes, read_routes, weight_floor
+from harness.compare.trace_diff import against_floor, compare_traces, first_out, metrics_frame, summarize
 from harness.core.points import layer_point
 from harness.core.types import TraceResult
-from harness.explain.layer_floor import RULES, against_forced_floor
-from harness.explain.routing import compare_routes, read_routes, weight_floor
-from harness.explain.trace_diff import against_floor, compare_traces, first_out, metrics_frame, summarize
 from harness.rundir.traces import Trace
 
 FREE_K = 10.0  # k of a free pass against the free floor (HF vs vLLM in float32 stays under 4.5x)

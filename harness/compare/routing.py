@@ -101,7 +101,7 @@ def classify(compared: pd.DataFrame, errors: pd.DataFrame, points: pd.DataFrame,
              weights: dict[int, float] | None = None) -> pd.DataFrame:
     """compared with a `kind` per (layer, position): same, weighting, near_tie_flip, router or routing_rule.
     errors: the engine's per-point, per-position metrics (errors.parquet's rows); points: its per-point summary with
-    floor and threshold (harness.explain.trace_diff.against_floor); weights: the weights' floor per layer
+    floor and threshold (harness.compare.trace_diff.against_floor); weights: the weights' floor per layer
     (weight_floor; a layer without one: float32's rounding unit)."""
     out = compared.copy()
     if out.empty:

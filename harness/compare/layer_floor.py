@@ -88,7 +88,7 @@ def against_forced_floor(summary: pd.DataFrame, per_position: pd.DataFrame, floo
                          k: float, excluded: pd.DataFrame | None = None,
                          floor_excluded: pd.DataFrame | None = None,
                          experts: pd.DataFrame | None = None) -> pd.DataFrame:
-    """summary (harness.explain.trace_diff.summarize) with, per point: floor, threshold and ratio of its worst block
+    """summary (harness.compare.trace_diff.summarize) with, per point: floor, threshold and ratio of its worst block
     (the block whose error is the largest multiple of its floor), block_error and block_start (that block's RMS error
     and first position), sensitivity (the largest threshold of any of its blocks: a change this large in any block
     of positions is seen), left_out (positions not judged: routing flips at a near-tie), leaves_floor and
