@@ -2,9 +2,9 @@
 
 Per case and constrained engine:
   unchanged    the reference's own answer already satisfies the constraint, and the constrained engine gave the same
-               tokens (a near-tie flip within the run's noise margin counts as the same)
-  changed      the reference's answer satisfies the constraint, yet the constrained engine answered otherwise: the
-               constraint masked a token it had no reason to (a constrained-decoding defect)
+               tokens over its whole answer (a near-tie flip within the measured noise counts as the same)
+  changed      the reference's answer satisfies the constraint, yet the constrained engine answered otherwise anywhere
+               in its answer: the constraint masked a token it had no reason to (a constrained-decoding defect)
   steered      the reference's answer does not satisfy it; the constrained answer does, and the first step where the
                constraint masked the reference's choice is named
   invalid      the constrained answer does not satisfy the constraint
@@ -17,11 +17,12 @@ import json
 import re
 from collections.abc import Callable
 
-from harness.compare.diff import apply_ties, compare, noise_margin
+from harness.compare.diff import apply_ties, compare
 from harness.core.types import Result
 from harness.core.vocabulary import Constraint
 
 PASSING = {"unchanged", "steered", "not_applied"}
+Ties = tuple[float, float]  # a case's tie margin and drift bound (harness.compare.tie_noise.tie_bounds)
 
 
 def satisfies(constraint: Constraint, text: str) -> tuple[bool, str]:
@@ -52,10 +53,13 @@ def answer_length(constraint: Constraint, ids: list[int], decode: Callable[[list
 
 
 def judge(constraint: Constraint, reference: Result, engine: Result, applied: bool,
-          decode: Callable[[int], str], decode_ids: Callable[[list[int]], str], stopped_by: str = "") -> dict:
-    """The verdict fields of one constrained engine's answer to one case: the reference's answer is its shortest
-    prefix that satisfies the constraint; the engine must give those same tokens first. stopped_by: the stop string
-    that ended the engine's answer, if one did."""
+          decode: Callable[[int], str], decode_ids: Callable[[list[int]], str], stopped_by: str = "",
+          ties: Ties | None = None, ends: frozenset[int] = frozenset()) -> dict:
+    """The verdict fields of one constrained engine's answer to one case: the reference's answer is at least its
+    shortest prefix that satisfies the constraint; the engine must give the reference's tokens over the whole of its
+    own answer (a defect after the first satisfying tokens is a change too), the token that ends it (ends: EOS ids)
+    aside. stopped_by: the stop string that ended the engine's answer, if one did; ties: the tie margin and drift
+    bound of the case (measured noise: harness.compare.tie_noise; None: only exact ties)."""
     length = answer_length(constraint, reference.token_ids, decode_ids)
     ref_ok, ref_why = (True, "") if length is not None else satisfies(constraint, reference.text)
     own_ok, own_why = satisfies(constraint, engine.text)
@@ -64,16 +68,20 @@ def judge(constraint: Constraint, reference: Result, engine: Result, applied: bo
         return {**fields, "verdict": "not_applied",
                 "explanation": "the engine does not apply this constraint (see its warning); nothing to judge"}
     if length is not None:
-        reference, engine = _first(reference, length), _first(engine, length)
+        answer = len(engine.token_ids) - (1 if engine.token_ids and engine.token_ids[-1] in ends else 0)
+        whole = max(length, min(answer, len(reference.token_ids)))
+        reference, engine = _first(reference, whole), _first(engine, whole)
     frame = compare([reference], [engine])
-    frame = apply_ties(frame, noise_margin(frame))
+    margin, bound = ties if ties is not None else (0.0, float("inf"))
+    frame = apply_ties(frame, margin, bound)
     row = frame.iloc[0]
     step = int(row["first_divergence"]) if row["verdict"] != "match" else None
     moved = "" if step is None else (f" from step {step}: the reference chose {_token(decode, row['ref_token'])}, "
                                      f"the engine {_token(decode, row['engine_token'])}")
     if ref_ok:
         if row["verdict"] in ("match", "benign_tie"):
-            tie = " (a near-tie flip within the run's noise margin)" if row["verdict"] == "benign_tie" else ""
+            tie = (f" (a near-tie flip: the reference's top-2 margin {row['ref_top2_margin']:.3g} within the tie "
+                   f"margin {margin:.3g} nats of the measured noise)") if row["verdict"] == "benign_tie" else ""
             return {**fields, "verdict": "unchanged",
                     "explanation": f"the reference's own answer satisfies the constraint and the constrained answer "
                                    f"is the same{tie}"}

@@ -99,15 +99,16 @@ def compare(reference: list[Result], other: list[Result]) -> pd.DataFrame:
     return frame
 
 
-def noise_margin(frame: pd.DataFrame) -> float:
-    """The tie margin measured from the run itself: twice the largest chosen-token |delta logprob| this engine pair
-    shows on steps where both chose the same tokens (each of two tied tokens can move by that much)."""
-    deltas = frame["max_abs_logprob_delta"].to_numpy(dtype=float)
-    return 2.0 * float(np.nanmax(deltas)) if np.isfinite(deltas).any() else 0.0
-
-
-def apply_ties(frame: pd.DataFrame, tie_margin: float) -> pd.DataFrame:
-    benign = frame["tie_candidate"] & (frame["ref_top2_margin"] <= tie_margin) & (frame["verdict"] == "diverged")
+def apply_ties(frame: pd.DataFrame, tie_margin: np.ndarray | float, drift_bound: np.ndarray | float = np.inf,
+               checked: np.ndarray | bool = True) -> pd.DataFrame:
+    """Divergences at a near-tie become benign_tie: the engine took the reference's runner-up (tie_candidate), the
+    reference's top-2 margin is within tie_margin, the pair's drift on the steps it shares is within drift_bound
+    (an engine drifting further is another computation), and the layer check found no component out of its floor
+    (checked). Per row; the margin and bound used are kept in the frame."""
+    frame = frame.assign(tie_margin=tie_margin, drift_bound=drift_bound)
+    beyond = frame["max_abs_logprob_delta"].to_numpy(dtype=float) > frame["drift_bound"].to_numpy(dtype=float)
+    benign = (frame["tie_candidate"] & (frame["ref_top2_margin"] <= frame["tie_margin"]) & ~beyond & checked
+              & (frame["verdict"] == "diverged"))
     frame.loc[benign, "verdict"] = "benign_tie"
     return frame
 

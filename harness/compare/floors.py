@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from harness.compare.layer_floor import RULES, against_forced_floor
-from harness.compare.routing import compare_routes, read_routes, weight_floor
+from harness.compare.routing import classify, compare_routes, read_routes, weight_floor
 from harness.compare.trace_diff import against_floor, compare_traces, first_out, metrics_frame, summarize
 from harness.core.points import layer_point
 from harness.core.types import TraceResult
@@ -107,3 +107,46 @@ def out_of_floor(frame: pd.DataFrame, points: pd.DataFrame, routed: pd.DataFrame
     threshold = points.set_index("point")["threshold"].reindex(
         [layer_point(int(layer), "moe") for layer in routed["layer"]]).to_numpy()
     return np.nan_to_num(moe.reindex(keys).to_numpy(), nan=0.0) > np.nan_to_num(threshold, nan=np.inf)
+
+
+@dataclass
+class Judged:
+    """A traced pass judged: per point and position, per point against its floor, and (a mixture of experts) each
+    (layer, position)'s routing compared and read; k: the threshold used."""
+
+    frame: pd.DataFrame
+    points: pd.DataFrame
+    routing: pd.DataFrame | None
+    k: float
+
+
+def judge_pass(result: TraceResult, ref_result: TraceResult, floors: Floors, dtype: str,
+               override_k: float | None = None) -> Judged:
+    """A pass against the reference's and the floor that fits it; a forced pass's routing flips at a near-tie are
+    left out of what is judged (they are the router's near-ties, not rounding), and each routing row says whether
+    the block's output is out of its floor there."""
+    k = default_k(dtype, result.forced, override_k)
+    frame, points = compared_points(result, ref_result, floors, dtype, k)
+    if not (ref_result.routes and result.routes):
+        return Judged(frame, points, None, k)
+    routed = classify(compare_routes(read_routes(ref_result.routes), read_routes(result.routes)), frame, points, k,
+                      floors.weights if result.forced else floors.free_weights)
+    ties = routed.loc[routed["kind"] == "near_tie_flip", ["layer", "position"]]
+    if result.forced and len(ties):
+        frame, points = compared_points(result, ref_result, floors, dtype, k, excluded=ties)
+    return Judged(frame, points, routed.assign(out=out_of_floor(frame, points, routed)), k)
+
+
+def read_floors(traces: dict, names: tuple[str | None, ...], case_id: str,
+                ref_result: TraceResult) -> tuple[Floors, dict[str, pd.DataFrame], list[str]]:
+    """A case's noise floors from its floor passes' results (traces: (plan name, case) -> result; names: the floor
+    passes planned, None where not): the floors, each floor's per-position frame by name, and what is missing."""
+    floors = Floors(experts=expert_positions(ref_result))
+    frames, missing = {}, []
+    for name in filter(None, names):
+        result = traces.get((name, case_id))
+        if isinstance(result, TraceResult) and result.status == "ok":
+            frames[name] = add_floor(floors, result, ref_result)
+        else:
+            missing.append(f"no noise floor ({name}): {result.error if result is not None else 'not run'}")
+    return floors, frames, missing

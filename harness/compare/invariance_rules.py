@@ -8,8 +8,9 @@ Verdicts per knob, over all its cases:
                     whole text (a character split between chunks, a stop string leaked): the client reads another answer
   tokens_identical  token ids equal; the largest chosen-token |delta logprob| is the drift
   diverged          tokens differ: at the first divergent case and step, a near-tie flip when the baseline's top-2
-                    margin there is within twice the drift seen on the steps both shared (the harness's benign-tie
-                    rule), a real difference otherwise
+                    margin there, and the drift on the steps both shared, are within twice the engine's own noise
+                    measured apart from the knob (its repeat knob's drift, else the scenario's max_logprob_delta;
+                    neither: only exact ties), a real difference otherwise
   distribution_match / distribution_diverged   sampled knobs whose random stream may change (speculative
                     decoding): a G-test on the first tokens of many samples
   unsupported       the engine cannot turn this knob (the reason says engine, version, device)
@@ -27,7 +28,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from harness.compare import text_rules
-from harness.compare.diff import compare, noise_margin
+from harness.compare.diff import compare
 from harness.compare.sampling_parity import g_test, prefixes
 from harness.core.types import Result
 
@@ -53,13 +54,20 @@ class InvarianceRow(BaseModel):
     explanation: str = ""
 
 
-def judge_pair(baseline: list[Result], variant: list[Result], decode: Callable[[int], str]) -> dict:
-    """Verdict fields for one knob: baseline[i] and variant[i] are the same case."""
+Noise = tuple[float, str]  # an engine's own drift measured apart from the knob judged, and where it came from
+UNMEASURED: Noise = (0.0, "no noise measured apart from the knob (no repeat knob, no max_logprob_delta): only exact "
+                          "ties")
+
+
+def judge_pair(baseline: list[Result], variant: list[Result], decode: Callable[[int], str],
+               noise: Noise = UNMEASURED) -> dict:
+    """Verdict fields for one knob: baseline[i] and variant[i] are the same case. noise: the engine's own drift
+    measured apart from this knob (a near-tie is within twice it)."""
     failed = [r for r in (*baseline, *variant) if r.status != "ok"]
     if failed:
         return {"verdict": "engine_error", "case_id": failed[0].case_id, "cases": len(baseline),
                 "explanation": f"{failed[0].case_id}: {failed[0].error}"}
-    verdict = _judge_tokens(baseline, variant, decode)
+    verdict = _judge_tokens(baseline, variant, decode, noise)
     if verdict["verdict"] != "diverged":
         differences = answer_differences(baseline, variant)
         if differences:
@@ -93,7 +101,7 @@ def _variant_warnings(baseline: list[Result], variant: list[Result]) -> str:
     return f"; only the variant warns: {'; '.join(extra)}" if extra else ""
 
 
-def _judge_tokens(baseline: list[Result], variant: list[Result], decode: Callable[[int], str]) -> dict:
+def _judge_tokens(baseline: list[Result], variant: list[Result], decode: Callable[[int], str], noise: Noise) -> dict:
     frame = compare(baseline, variant)
     drift = float(np.nanmax(frame["max_abs_logprob_delta"].to_numpy(dtype=float), initial=0.0))
     drift = 0.0 if np.isnan(drift) else drift
@@ -109,16 +117,18 @@ def _judge_tokens(baseline: list[Result], variant: list[Result], decode: Callabl
     step = int(row["first_divergence"])
     case = next(r for r in baseline if r.case_id == row["case_id"])
     gap = _gap(case, step, int(row["engine_token"]))
-    tie = 2.0 * drift if drift else noise_margin(frame)
-    near_tie = gap is not None and 0.0 <= gap <= tie
+    tie = 2.0 * noise[0]
+    near_tie = gap is not None and 0.0 <= gap <= tie and drift <= tie
     if gap is None:
         where = "the variant's token is not in the baseline's top-k there"
     elif gap < 0:
         where = f"the baseline ranks the variant's token {-gap:.3g} nats above the token it drew (a sampled draw)"
     else:
         where = f"the baseline ranks the variant's token {gap:.3g} nats below its own"
-    reason = (f"a near-tie flip: {where}, within twice the drift seen on shared steps ({tie:.3g})" if near_tie else
-              f"a real difference: {where}, beyond the drift seen on shared steps ({drift:.3g})")
+    if drift > tie and gap is not None and 0.0 <= gap <= tie:
+        where += f", but the variant drifts by {drift:.3g} on the steps both shared"
+    band = f"twice the engine's own noise ({tie:.3g}: {noise[1]})"
+    reason = f"a near-tie flip: {where}, within {band}" if near_tie else f"a real difference: {where}, beyond {band}"
     return {**common, "verdict": "diverged", "first_divergence": step, "case_id": row["case_id"],
             "explanation": (f"{len(diverged)} of {len(baseline)} case(s) diverge; first {row['case_id']} at step "
                             f"{step}: baseline {_token(decode, row['ref_token'])}, variant "

@@ -31,8 +31,8 @@ class FloorRule:
     minimum: float  # the least floor (a point both engines compute bit for bit alike has a measured floor of 0)
 
 
-RULES = {"float32": FloorRule(10.0, 2.0**-24), "bfloat16": FloorRule(2.5, 2.0**-9),
-         "float16": FloorRule(2.5, 2.0**-12), "float64": FloorRule(10.0, 2.0**-53)}
+RULES = {"float32": FloorRule(10.0, 2.0**-24), "bfloat16": FloorRule(2.0, 2.0**-9),
+         "float16": FloorRule(2.0, 2.0**-12), "float64": FloorRule(10.0, 2.0**-53)}
 
 
 def block_of(position: np.ndarray, first: np.ndarray) -> np.ndarray:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
-from harness.compare.diff import apply_ties, compare, error_rows, noise_margin
+from harness.compare.diff import apply_ties, compare, error_rows
 from harness.compare.own_top1 import OffTop1, off_top1
+from harness.compare.tie_noise import TieEvidence, margin_words, tie_bounds
 from harness.core.prompt_notes import made_by
 from harness.core.types import Effective, Result
 from harness.core.vocabulary import NEUTRAL, PENALTIES, SamplingParams
@@ -64,7 +66,11 @@ def _result_or_missing(results: dict[tuple[str, str], Result], engine: str, case
     return results.get((engine, case_id)) or Result.engine_error(case_id, engine, "not run: the run was interrupted")
 
 
-def judge(scenario: LoadedScenario, results: dict[tuple[str, str], Result], decode: Decode) -> pd.DataFrame:
+def judge(scenario: LoadedScenario, results: dict[tuple[str, str], Result], decode: Decode,
+          ties: TieEvidence | None = None) -> pd.DataFrame:
+    """Every engine against the reference, case by case. ties: the measured noise and layer checks near-ties are
+    read with (harness.run.tie_checks; None: none measured, so only exact ties are near-ties)."""
+    ties = ties or TieEvidence()
     spec, ref_name = scenario.spec, scenario.spec.reference
     off = {key: off_top1(r, _temperature(r, scenario.cases, key)) for key, r in results.items() if r.status == "ok"}
     frames = []
@@ -76,13 +82,12 @@ def judge(scenario: LoadedScenario, results: dict[tuple[str, str], Result], deco
         ok = np.array([r.status == "ok" and o.status == "ok" for r, o in zip(refs, others, strict=False)], dtype=bool)
         expectation = spec.engine_expectation(engine)
         parts = []
-        tie_margin = expectation.tie_margin or 0.0
         if ok.any():
             pick = np.flatnonzero(ok)
             compared = compare([refs[i] for i in pick], [others[i] for i in pick])
-            if expectation.tie_margin is None:
-                tie_margin = noise_margin(compared)
-            parts.append(apply_ties(compared, tie_margin))
+            margins, bounds = tie_bounds(compared["case_id"], ties, expectation.tie_margin)
+            checks = [ties.layers.get((engine, case)) for case in compared["case_id"]]
+            parts.append(apply_ties(compared, margins, bounds, np.array([c is None or c.clean for c in checks])))
         if (~ok).any():
             pick = np.flatnonzero(~ok)
             parts.append(error_rows([refs[i] for i in pick], [others[i] for i in pick]))
@@ -95,7 +100,7 @@ def judge(scenario: LoadedScenario, results: dict[tuple[str, str], Result], deco
         frame["expected"] = _expected(frame, expectation)
         frame["explanation"] = [
             hazard or _explain(row, refs[i], others[i], case.engine_params[ref_name], case.engine_params[engine],
-                               decode, tie_margin, off)
+                               decode, off, TieReading(ties, expectation.tie_margin))
             for i, (case, row, hazard) in enumerate(zip(scenario.cases, frame.itertuples(), hazards, strict=True))]
         frames.append(frame)
     if not frames:  # only the reference ran (parity transplant): nothing to compare
@@ -128,8 +133,42 @@ def _token(decode: Decode, token: int) -> str:
     return "(end)" if token < 0 else repr(decode(int(token)))
 
 
-def _explain(row, ref: Result, other: Result, ref_params, other_params, decode: Decode, tie_margin: float,
-             off: dict[tuple[str, str], list[OffTop1]]) -> str:
+@dataclass(frozen=True)
+class TieReading:
+    """What a row's near-tie reading rests on, for its sentence: the evidence and the scenario's own tie margin."""
+
+    evidence: TieEvidence
+    scenario_margin: float | None
+
+    def benign(self, row) -> str:
+        check = self.evidence.layers.get((row.engine, row.case_id))
+        tied = "" if row.engine_token_ref_rank <= 1 else \
+            f" ({row.engine}'s token, the reference's #{row.engine_token_ref_rank + 1}, ties with its runner-up)"
+        return (f"diverged at step {row.first_divergence} on a near-tie: reference top-2 margin "
+                f"{row.ref_top2_margin:.3g} <= tie margin {row.tie_margin:.3g} nats ({self._source(row)}){tied}; "
+                + (f"{check.words()}; " if check else "") + "each side's token is in the other's top-k")
+
+    def not_benign(self, row) -> str:
+        """Why a divergence the engine made by taking the reference's runner-up is not a near-tie ('' for any
+        other divergence)."""
+        if not getattr(row, "tie_candidate", False):
+            return ""
+        check = self.evidence.layers.get((row.engine, row.case_id))
+        if check is not None and not check.clean:
+            return check.words()
+        if row.max_abs_logprob_delta > row.drift_bound:
+            return (f"not a near-tie: the engines' chosen-token logprobs drift apart by {row.max_abs_logprob_delta:.3g}"
+                    f" nats on the steps they share, beyond {row.drift_bound:.3g} ({self._source(row, drift=True)}): "
+                    "another computation, not rounding")
+        return (f"not a near-tie: the margin is beyond the tie margin {row.tie_margin:.3g} nats "
+                f"({self._source(row)})")
+
+    def _source(self, row, drift: bool = False) -> str:
+        return margin_words(row.case_id, self.evidence, self.scenario_margin, drift)
+
+
+def _explain(row, ref: Result, other: Result, ref_params, other_params, decode: Decode,
+             off: dict[tuple[str, str], list[OffTop1]], ties: TieReading) -> str:
     if row.verdict == "engine_error":
         failed = [r for r in (ref, other) if r.status != "ok"]
         return "; ".join(f"{r.engine}: {r.error}" for r in failed)
@@ -139,18 +178,15 @@ def _explain(row, ref: Result, other: Result, ref_params, other_params, decode: 
     if row.verdict == "match":
         text = f"identical {row.ref_len} tokens"
     elif row.verdict == "benign_tie":
-        tied = "" if row.engine_token_ref_rank <= 1 else \
-            f" ({other.engine}'s token, the reference's #{row.engine_token_ref_rank + 1}, ties with its runner-up)"
-        text = (f"diverged at step {row.first_divergence} on a near-tie: reference top-2 margin "
-                f"{row.ref_top2_margin:.3g} <= tie margin {tie_margin:.3g} nats{tied}; each side's token is in the "
-                "other's top-k")
+        text = ties.benign(row)
     else:
         head = (f"diverged at step {row.first_divergence}: reference chose {_token(decode, row.ref_token)} "
                 f"(top-2 margin {row.ref_top2_margin:.3g}), {other.engine} chose {_token(decode, row.engine_token)} "
                 f"({'in' if row.engine_token_in_ref_topk else 'not in'} the reference's top-k)")
         given = param_differences(ref_params, other_params)
         picked = _picked_after_logits(row.first_divergence, [ref, other], off, decode)
-        causes = [c for c in (explain_differences(given), effective_note(ref, other, set(given)), picked) if c]
+        causes = [c for c in (ties.not_benign(row), explain_differences(given), effective_note(ref, other, set(given)),
+                              picked) if c]
         text = "; ".join([head, *_with_prompt_reading(row.first_divergence, other, causes, bool(picked))])
     return "; ".join([text] + notes)
 

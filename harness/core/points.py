@@ -60,3 +60,9 @@ def ordered(names: list[str]) -> list[str]:
         return layer, rank.get(point, 0 if point != "logits" else 1)
 
     return sorted(names, key=key)
+
+
+def in_words(point: str) -> str:
+    """A point as a sentence names it: 'layer 7 v', or 'logits', 'embeddings'."""
+    layer, name = parse(point)
+    return name if layer < 0 or layer >= 10**6 else f"layer {layer} {name}"

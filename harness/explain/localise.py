@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from harness.compare import routing as routes
 from harness.compare.layer_floor import block_words, sensitivity
-from harness.core.points import COMPONENT, parse
+from harness.core.points import COMPONENT, in_words, parse
 from harness.rundir.localisations import Localisation
 
 Decode = Callable[[int], str]
@@ -53,11 +53,6 @@ class Divergence(BaseModel):
 
 def _fmt(value: float) -> str:
     return f"{value:.3g}"
-
-
-def _where(point: str) -> str:
-    layer, name = parse(point)
-    return name if layer < 0 or layer >= 10**6 else f"layer {layer} {name}"
 
 
 def candidate_cause(point: str, component: str, fused_ref: set[str], fused_engine: set[str],
@@ -162,19 +157,19 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
                     f"{_fmt(row['ratio'])}x the floor there ({_fmt(row['floor'])}; threshold {k:g}x)"
                     if forced else f"relative error {_fmt(row['error'])} is {_fmt(row['ratio'])}x the floor "
                     f"({_fmt(row['floor'])}; threshold {k:g}x)")
-        verdict = (f"{_where(row['point'])} leaves the noise floor first (from position {since}): {measured}, "
+        verdict = (f"{in_words(row['point'])} leaves the noise floor first (from position {since}): {measured}, "
                    f"{origin}. Candidate cause: {cause}. {step_note}.{said_after}")
         benign = moe is not None and moe[0] == "near_tie_flip"
         return Localisation(cause="near_tie" if benign else "component", verdict=verdict, **base)
     worst = points.loc[points["ratio"].idxmax()]
-    within = (f"every capture point stays below the threshold ({k:g}x the floor; largest: {_where(worst['point'])} at "
-              f"{_fmt(worst['ratio'])}x the floor)")
+    within = (f"every capture point stays below the threshold ({k:g}x the floor; largest: "
+              f"{in_words(worst['point'])} at {_fmt(worst['ratio'])}x the floor)")
     if base["sensitivity"]:
         reach = base["sensitivity"]
         within += (f"; none above {100 * reach['threshold']:.3g}% (the largest threshold, at "
-                   f"{_where(reach['point'])}: a change in any block of positions beyond it is seen)")
+                   f"{in_words(reach['point'])}: a change in any block of positions beyond it is seen)")
     first = base.get("first_difference")
-    drift = (f"; the engines first differ at {_where(first['point'])} ({COMPONENT.get(parse(first['point'])[1])})"
+    drift = (f"; the engines first differ at {in_words(first['point'])} ({COMPONENT.get(parse(first['point'])[1])})"
              if first else "; the engines' activations are bit-identical")
     if divergence is None and ending:
         return Localisation(cause="ending", verdict=f"{ending}; {within}{drift}.{said_after}", **base)
@@ -236,7 +231,7 @@ def _hazard(nonfinite: dict[str, dict[str, int]], points: pd.DataFrame) -> str:
     if not found:
         return ""
     _, point, engine, count = min(found)
-    return (f"numerical hazard: {engine} produces {count} inf/NaN value(s), first at {_where(point)}; everything "
+    return (f"numerical hazard: {engine} produces {count} inf/NaN value(s), first at {in_words(point)}; everything "
             "after it is poisoned")
 
 

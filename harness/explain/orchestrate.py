@@ -20,15 +20,13 @@ from adapters import registry
 from harness import models
 from harness.compare.floors import (
     Floors,
-    add_floor,
     compared_points,
     default_k,
-    expert_positions,
     floor_words,
-    out_of_floor,
+    judge_pass,
+    read_floors,
 )
 from harness.compare.own_top1 import TIE
-from harness.compare.routing import classify, compare_routes, read_routes
 from harness.compare.trace_diff import top2
 from harness.core.errors import ConfigError
 from harness.core.types import Result, TraceRequest, TraceResult
@@ -193,14 +191,10 @@ class Compared:
 def case_floors(traces: dict[tuple[str, str], Result | TraceResult], passes: TracePasses, case_id: str,
                 ref_result: TraceResult, found: Compared, reference: str, notes: list[str]) -> Floors:
     """A case's noise floors (the forced one and the free one, where planned), their rows kept for errors.parquet."""
-    floors = Floors(experts=expert_positions(ref_result))
-    for name in filter(None, (passes.floor_name, passes.free_floor_name)):
-        result = traces.get((name, case_id))
-        if isinstance(result, TraceResult) and result.status == "ok":
-            frame = add_floor(floors, result, ref_result)
-            found.per_position.append(frame.assign(case_id=case_id, engine=reference, compared_to=name))
-        else:
-            notes.append(f"{case_id}: no noise floor ({name}): {_error(result)}")
+    floors, frames, missing = read_floors(traces, (passes.floor_name, passes.free_floor_name), case_id, ref_result)
+    found.per_position += [frame.assign(case_id=case_id, engine=reference, compared_to=name)
+                           for name, frame in frames.items()]
+    notes += [f"{case_id}: {problem}" for problem in missing]
     return floors
 
 
@@ -364,18 +358,8 @@ def _explain_engine(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFr
         return (Localisation(case_id=request.case_id, engine=name, reference=ref, cause="no_trace",
                              verdict=f"no trace from {name}: {_error(result)}"),
                 None, None, None)
-    dtype = spec.engine_dtype(ref)
-    k = default_k(dtype, result.forced, override_k)
-    frame, points = compared_points(result, ref_result, floors, dtype, k)
-    routed = classify(compare_routes(read_routes(ref_result.routes), read_routes(result.routes)), frame, points, k,
-                      floors.weights if result.forced else floors.free_weights) \
-        if ref_result.routes and result.routes else None
-    if routed is not None and result.forced:  # judged without its near-tie routing flips: those are not rounding
-        ties = routed.loc[routed["kind"] == "near_tie_flip", ["layer", "position"]]
-        if len(ties):
-            frame, points = compared_points(result, ref_result, floors, dtype, k, excluded=ties)
-    if routed is not None:
-        routed = routed.assign(out=out_of_floor(frame, points, routed))
+    judged = judge_pass(result, ref_result, floors, spec.engine_dtype(ref), override_k)
+    frame, points, routed, k = judged.frame, judged.points, judged.routing, judged.k
     free_trace = _trace(free) if free is not None else None
     logits_trace = free_trace or trace
     if bool(ref_result.routes) != bool(result.routes):

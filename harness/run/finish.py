@@ -15,16 +15,17 @@ import pandas as pd
 
 from harness import models
 from harness.compare.ending import as_compared, ended_by
+from harness.compare.tie_noise import TieEvidence
 from harness.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARITY
 from harness.core.types import Result
 from harness.executors.engine_runs import EngineOutcome, Progress
 from harness.plan.plans import EnginePlan
 from harness.report.summary import write_summary
-from harness.run import drift_passes
+from harness.run import drift_passes, tie_checks
 from harness.run.outcome import PendingRun, RunOutcome
 from harness.rundir import layout
 from harness.rundir.journal import read_engine_info
-from harness.rundir.store import EngineMeta, write_meta
+from harness.rundir.store import EngineMeta, write_json, write_meta
 from harness.rundir.tables import beams_frame, results_frame, steps_frame, write_parquet
 from harness.scenario.spec import LoadedScenario
 from harness.semantics import effective
@@ -70,7 +71,9 @@ def finish(run: PendingRun, outcomes: dict[str, EngineOutcome], interrupted: boo
     write_parquet(run_dir / layout.STEPS, steps_frame(ordered))
     if any(r.beams for r in ordered):
         write_parquet(run_dir / layout.BEAMS, beams_frame(ordered))
-    judging = Judging(scenario=scenario, run_dir=run_dir, results=results, compared=compared,
+    ties = TieEvidence() if interrupted else tie_checks.gather(scenario, run_dir, compared, parallel, progress)
+    write_json(run_dir / layout.NEAR_TIES, ties.as_json())
+    judging = Judging(scenario=scenario, run_dir=run_dir, results=results, compared=compared, ties=ties,
                       decode=lambda t: run.tokenizer.decode([t]), checks=run.checks,
                       prompt_warnings=run.meta.prompt_warnings,
                       engine_prompt_warnings=run.meta.engine_prompt_warnings, interrupted=interrupted,

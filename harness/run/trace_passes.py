@@ -130,11 +130,12 @@ def reference_threads(scenario: LoadedScenario, parallel: int) -> int:
 
 def plan_passes(scenario: LoadedScenario, run_dir: Path, requests: list[TraceRequest], traceable: list[str],
                 scorable: list[str], floor_dtype: str | None, keep_traces: bool, parallel: int,
-                free_threads: int | None = None) -> TracePasses:
+                free_threads: int | None = None, free_passes: bool = True) -> TracePasses:
     """The plans of explain's passes: the traceable engines', the scorable ones' (teacher-forced top-k logprobs),
     and the noise floor's (the reference in floor_dtype); `parallel` engines run at once. free_threads: the threads
     the reference's pass may take now (its pass starts while the run's other engines still go:
-    harness.explain.early_passes)."""
+    harness.explain.early_passes). free_passes: a forced engine's free logits pass too (the readings at the
+    divergent step; the run's near-tie checks need none)."""
     ref = scenario.spec.reference
     compared = choice.current().name == "local"
     threads = reference_threads(scenario, parallel) if compared else None
@@ -166,7 +167,8 @@ def plan_passes(scenario: LoadedScenario, run_dir: Path, requests: list[TraceReq
             continue
         plan = engine_plan(scenario, name, run_dir, against(name, ["logits"], name in forced), op="trace")
         passes.plans.append(replace(plan, after=ref) if compared else plan)
-        if name in forced:  # the logits of its own layers' outputs, for the readings at the divergent step
+        if name in forced and free_passes:  # the logits of its own layers' outputs, for the readings at the
+            # divergent step
             free = [r.model_copy(update={"points": ["logits"]}) for r in against(name + FREE, ["logits"])]
             plan = engine_plan(scenario, name, run_dir, free, op="trace", plan_name=name + FREE)
             passes.plans.append(replace(plan, after=name, after_done=True))  # in the worker its forced pass leaves

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from harness.compare import constraint_rules
+from harness.compare.tie_noise import tie_bounds
 from harness.render import markdown
 from harness.render.console import console, print_table
 from harness.render.html_parts import esc, expected_table
@@ -53,8 +54,10 @@ class ConstraintVerdicts(VerdictFamily):
                     continue
                 stops = [s for s in case.engine_params[name].stop or [] if s in judging.decode_ids(
                     result.token_ids, True)] if judging.decode_ids and result.finish_reason == "stop" else []
+                margins, bounds = tie_bounds([case.case_id], judging.ties, spec.engine_expectation(name).tie_margin)
                 fields = constraint_rules.judge(constraint, ref, result, result.applied("constraint"), judging.decode,
-                                                lambda ids: judging.decode_ids(ids, True), stops[0] if stops else "")
+                                                lambda ids: judging.decode_ids(ids, True), stops[0] if stops else "",
+                                                (float(margins[0]), float(bounds[0])), frozenset(judging.eos_ids))
                 rows.append({"case_id": case.case_id, "engine": name,
                              "expected": fields["verdict"] in constraint_rules.PASSING,
                              "constraint": constraint.described(), "text": result.text, "reference_text": ref.text,

@@ -7,10 +7,12 @@ from __future__ import annotations
 import platform
 import re
 
+import numpy as np
 import pandas as pd
 
 from adapters import registry
-from harness.compare.invariance_rules import InvarianceRow, control_expected, judge_pair, judge_samples
+from harness.compare.diff import compare
+from harness.compare.invariance_rules import UNMEASURED, InvarianceRow, control_expected, judge_pair, judge_samples
 from harness.core.types import Result
 from harness.plan.invariance_checks import WORDS, Check
 from harness.render import markdown
@@ -26,6 +28,7 @@ def judge_checks(scenario: LoadedScenario, checks: list[Check], results: dict[tu
                  decode) -> list[InvarianceRow]:
     settings = scenario.spec.invariance
     rows = []
+    noise = own_noise(scenario, checks, results)
     for check in checks:
         words = WORDS.get(check.knob, ("", ""))
         base = InvarianceRow(engine=check.engine, knob=check.knob, control=check.control, verdict="unsupported",
@@ -37,7 +40,7 @@ def judge_checks(scenario: LoadedScenario, checks: list[Check], results: dict[tu
         sides = [[results.get((s.config, r.case_id)) or Result.engine_error(r.case_id, s.config, "not run")
                   for r in s.requests] for s in (check.baseline, check.variant)]
         fields = (judge_samples(*sides, settings.steps, settings.alpha) if check.sampled
-                  else judge_pair(*sides, decode))
+                  else judge_pair(*sides, decode, noise.get(check.engine, UNMEASURED)))
         failed_config = _failed_configuration(check, sides)
         if failed_config:
             fields = {"verdict": "unsupported", "cases": len(sides[0]), "explanation": (
@@ -49,6 +52,24 @@ def judge_checks(scenario: LoadedScenario, checks: list[Check], results: dict[tu
         row = base.model_copy(update=fields)
         rows.append(row.model_copy(update={"expected": _expected(row, settings.identical if settings else [])}))
     return rows
+
+
+def own_noise(scenario: LoadedScenario, checks: list[Check], results: dict[tuple[str, str], Result]) -> dict:
+    """Per engine, its drift measured apart from the knobs it is judged on: its repeat knob's largest chosen-token
+    |delta logprob| (the same requests twice), else the scenario's max_logprob_delta for it; absent: neither."""
+    found = {}
+    for check in checks:
+        if check.knob != "repeat" or check.unsupported or check.sampled or check.control:
+            continue
+        sides = [[results.get((s.config, r.case_id)) for r in s.requests] for s in (check.baseline, check.variant)]
+        if all(r is not None and r.status == "ok" for side in sides for r in side):
+            drift = compare(*sides)["max_abs_logprob_delta"].to_numpy(dtype=float)
+            found[check.engine] = (float(np.nanmax(drift, initial=0.0)), "its repeat knob's drift")
+    for name in scenario.spec.engines:
+        bound = scenario.spec.engine_expectation(name).max_logprob_delta
+        if name not in found and bound is not None:
+            found[name] = (bound, "the scenario's max_logprob_delta")
+    return found
 
 
 def _failed_configuration(check: Check, sides: list[list[Result]]) -> str:

@@ -3,6 +3,8 @@ samples of a sampling-parity scenario), in verdicts.parquet; the prompt-identity
 
 from __future__ import annotations
 
+from functools import partial
+
 import pandas as pd
 
 from harness.compare.beam_rules import judge_all
@@ -37,7 +39,7 @@ class TokenVerdicts(VerdictFamily):
     def judge(self, judging: Judging) -> Judged:
         if judging.interrupted and not judging.compared:
             return Judged(pd.DataFrame())
-        rule = judge_samples if judging.scenario.spec.sampling else judge
+        rule = judge_samples if judging.scenario.spec.sampling else partial(judge, ties=judging.ties)
         verdicts = judge_all(rule, judging.scenario, judging.compared, judging.decode)
         return Judged(mark_verdicts(verdicts, judging.scenario, judging.prompt_warnings,
                                     judging.engine_prompt_warnings))

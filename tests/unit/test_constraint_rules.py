@@ -23,7 +23,7 @@ def result(engine: str, ids: list[int], finish: str = "stop") -> Result:
 
 def judge(reference: Result, engine: Result, constraint: Constraint = SCHEMA, applied: bool = True, **kw) -> dict:
     return constraint_rules.judge(constraint, reference, engine, applied, lambda t: VOCAB[t],
-                                  lambda ids: "".join(VOCAB[i] for i in ids if i != 11), **kw)
+                                  lambda ids: "".join(VOCAB[i] for i in ids if i != 11), ends=frozenset({11}), **kw)
 
 
 def test_a_satisfying_reference_must_be_followed_up_to_its_answer() -> None:
@@ -34,6 +34,14 @@ def test_a_satisfying_reference_must_be_followed_up_to_its_answer() -> None:
     assert changed["verdict"] == "changed" and changed["masked_step"] == 3
     assert "the reference chose ' 1', the engine ' 2': the constraint masked a token it allows" in \
         changed["explanation"]
+
+
+def test_a_change_after_the_first_satisfying_tokens_is_a_change() -> None:
+    """The reference's shortest satisfying prefix is one token of a choice, a regex or a number: a masking defect
+    after it must still be seen, so the engine's whole answer is held against the reference's tokens."""
+    reference = result("hf", [1, 2, 3, 4, 5, 6])
+    later = judge(reference, result("vllm", [1, 2, 3, 4, 5, 8, 11]))
+    assert later["verdict"] == "changed" and later["masked_step"] == 5
 
 
 def test_an_unsatisfying_reference_must_be_steered_to_a_valid_answer() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.compare.diff import apply_ties, compare, noise_margin
+from harness.compare.diff import apply_ties, compare
 from harness.core.types import Result
 
 
@@ -67,7 +67,18 @@ def test_prompt_ids_mismatch_is_diverged() -> None:
     assert compare([REF], [other]).iloc[0].verdict == "diverged"
 
 
-def test_noise_margin_is_twice_the_largest_agreeing_delta() -> None:
-    a = result("x", [5, 6, 7], [-0.1, -0.75, -0.2], REF.top_ids, REF.top_logprobs)
-    b = result("x", [5, 6, 7], [-0.13, -0.7, -0.2], REF.top_ids, REF.top_logprobs)
-    assert np.isclose(noise_margin(compare([REF, REF], [a, b])), 0.1)
+def test_a_runner_up_within_the_margin_is_no_tie_when_the_pair_drifts_beyond_the_bound_or_a_layer_left_its_floor(
+        ) -> None:
+    """The tie margin and the drift bound come from noise measured apart from the pair (harness.compare.tie_noise):
+    a pair that drifts on its shared steps beyond the bound is another computation, and a layer check that found a
+    component out of its floor makes the divergence real, whatever the margin."""
+    other = result("x", [5, 8, 1], [-0.1, -0.69, -0.2], [[5, 9], [8, 6], [1, 2]],
+                   [[-0.1, -2], [-0.69, -0.7], [-0.2, -1]])
+    frame = compare([REF], [other])  # shared step 0 drifts by 0.0
+    assert apply_ties(frame.copy(), 0.05, drift_bound=0.01).iloc[0].verdict == "benign_tie"
+    drifting = result("x", [5, 8, 1], [-0.4, -0.69, -0.2], [[5, 9], [8, 6], [1, 2]],
+                      [[-0.4, -2], [-0.69, -0.7], [-0.2, -1]])
+    frame = compare([REF], [drifting])  # shared step 0 drifts by 0.3
+    assert apply_ties(frame.copy(), 0.05, drift_bound=0.01).iloc[0].verdict == "diverged"
+    assert apply_ties(frame.copy(), 0.05, drift_bound=0.5).iloc[0].verdict == "benign_tie"
+    assert apply_ties(frame.copy(), 0.05, drift_bound=0.5, checked=np.array([False])).iloc[0].verdict == "diverged"

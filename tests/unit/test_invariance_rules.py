@@ -40,12 +40,26 @@ def test_equal_tokens_with_moved_logprobs_is_tokens_identical_with_the_drift() -
 def test_a_flip_within_the_drift_is_a_near_tie_and_beyond_it_a_real_difference() -> None:
     flipped = result("a", [5, 8, 7], [-0.1005, -0.703, -0.2], [[5, 9], [8, 6], [7, 3]],
                      [[-0.1005, -3], [-0.703, -0.704], [-0.2, -3]])
-    near = judge_pair(BASE, [flipped, BASE[1]], str)
+    repeat = (0.0005, "its repeat knob's drift")  # the engine's own noise, measured apart from the knob
+    near = judge_pair(BASE, [flipped, BASE[1]], str, repeat)
     assert near["verdict"] == "diverged" and near["first_divergence"] == 1 and near["case_id"] == "a"
-    assert "a near-tie flip" in near["explanation"]  # margin 0.0008 within twice the 0.0005 drift at step 0
+    assert "a near-tie flip" in near["explanation"]  # margin 0.0008 within twice the engine's 0.0005
     far = result("b", [4, 2], [-0.3, -2.0], [[4, 2], [2, 4]], [[-0.3, -2], [-2.0, -2.1]])
-    real = judge_pair(BASE, [BASE[0], far], str)
+    real = judge_pair(BASE, [BASE[0], far], str, repeat)
     assert real["verdict"] == "diverged" and "a real difference" in real["explanation"]
+
+
+def test_a_variants_own_drift_never_widens_its_near_tie_band() -> None:
+    """A prefix cache reading a stale block moves every logprob: its drift (0.8 nats here) must not excuse its
+    flips; without noise measured apart from the knob only exact ties are near-ties."""
+    stale = [r.model_copy(update={"chosen_logprobs": [v - 0.8 for v in r.chosen_logprobs]}) for r in BASE]
+    flipped = result("a", [5, 8, 7], [-0.9, -0.703, -0.2], [[5, 9], [8, 6], [7, 3]],
+                     [[-0.9, -3], [-0.703, -0.704], [-0.2, -3]])
+    unmeasured = judge_pair(BASE, [flipped, stale[1]], str)
+    assert unmeasured["verdict"] == "diverged" and "a real difference" in unmeasured["explanation"]
+    assert "no noise measured apart from the knob" in unmeasured["explanation"]
+    repeat = judge_pair(BASE, [flipped, stale[1]], str, (0.0005, "its repeat knob's drift"))
+    assert "a real difference" in repeat["explanation"] and "but the variant drifts by 0.8" in repeat["explanation"]
 
 
 def test_sampled_knobs_compare_distributions() -> None:

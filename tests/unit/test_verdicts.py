@@ -10,6 +10,7 @@ import pytest
 
 from harness.compare.ending import as_compared, ended_by
 from harness.compare.own_top1 import off_top1, top_probability
+from harness.compare.tie_noise import CaseNoise, LayerCheck, TieEvidence
 from harness.compare.token_rules import COLUMNS, Verdict, judge
 from harness.core.prompt_notes import CHAT_TEMPLATE, TOKENIZER, prompt_ids_unknown
 from harness.core.types import Result
@@ -44,8 +45,8 @@ def scenario(tmp_path: Path, params: str = "{}", expect: str = "exact"):
     return load(write_scenario(tmp_path / "s.yaml", SCENARIO.replace("PARAMS", params).replace("EXPECT", expect)))
 
 
-def verdict(tmp_path: Path, ref: Result, other: Result, **kwargs) -> Verdict:
-    frame = judge(scenario(tmp_path, **kwargs), {("ref", "a"): ref, ("other", "a"): other}, decode)
+def verdict(tmp_path: Path, ref: Result, other: Result, ties: TieEvidence | None = None, **kwargs) -> Verdict:
+    frame = judge(scenario(tmp_path, **kwargs), {("ref", "a"): ref, ("other", "a"): other}, decode, ties)
     assert list(frame.columns) == COLUMNS
     row = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in frame.iloc[0].to_dict().items()}
     return Verdict.model_validate(row)
@@ -84,10 +85,39 @@ def test_runner_up_within_the_measured_noise_is_a_benign_tie(tmp_path: Path) -> 
                                                                                    [-0.2, -3]])
     tie = result("other", [5, 8, 7], [-0.09, -0.71, -0.2], [[5, 9], [8, 6], [7, 3]], [[-0.09, -3], [-0.71, -0.715],
                                                                                         [-0.2, -3]])
-    row = verdict(tmp_path, ref, tie, expect="benign_ties")
-    assert row.verdict == "benign_tie" and row.expected  # margin 0.02 <= 2 x 0.01 measured on step 0
-    assert "near-tie" in row.explanation
-    assert verdict(tmp_path, ref, tie, expect="exact").expected is False
+    noise = TieEvidence(noise={"a": CaseNoise(0.011, 0.01, 3, "bfloat16", "float32")})
+    row = verdict(tmp_path, ref, tie, noise, expect="benign_ties")
+    assert row.verdict == "benign_tie" and row.expected  # margin 0.02 <= 2 x 0.011, the reference's own noise
+    assert ("near-tie: reference top-2 margin 0.02 <= tie margin 0.022 nats (twice the reference's own rounding "
+            "noise on this case: its top-k margins move by up to 0.011 nats between bfloat16 and float32") in \
+        row.explanation
+    assert verdict(tmp_path, ref, tie, noise, expect="exact").expected is False
+    # without measured noise only exact ties are near-ties, and the pair's own drift (0.01) widens nothing
+    alone = verdict(tmp_path, ref, tie, expect="benign_ties")
+    assert alone.verdict == "diverged" and "not a near-tie: the margin is beyond the tie margin 0 nats" in \
+        alone.explanation
+
+
+def test_a_near_tie_the_layer_check_or_the_drift_rules_out_is_a_divergence(tmp_path: Path) -> None:
+    """A margin within the measured noise is not enough: a pair drifting beyond twice the reference's own chosen-token
+    noise is another computation (a model without its adapter), and a component out of its floor is a fault."""
+    ref = result("ref", [5, 6, 7], [-0.1, -0.70, -0.2], [[5, 9], [6, 8], [7, 3]], [[-0.1, -3], [-0.70, -0.72],
+                                                                                   [-0.2, -3]])
+    drifting = result("other", [5, 8, 7], [-0.6, -0.71, -0.2], [[5, 9], [8, 6], [7, 3]],
+                      [[-0.6, -3], [-0.71, -0.715], [-0.2, -3]])
+    noise = {"a": CaseNoise(0.011, 0.01, 3, "bfloat16", "float32")}
+    row = verdict(tmp_path, ref, drifting, TieEvidence(noise=noise), expect="benign_ties")
+    assert row.verdict == "diverged" and "drift apart by 0.5 nats on the steps they share, beyond 0.02" in \
+        row.explanation
+    close = drifting.model_copy(update={"chosen_logprobs": [-0.09, -0.71, -0.2]})
+    faulty = TieEvidence(noise=noise, layers={("other", "a"): LayerCheck(
+        clean=False, point="layers.15.mlp", component="MLP", ratio=2.9, k=2.0, sensitivity=0.03)})
+    row = verdict(tmp_path, ref, close, faulty, expect="benign_ties")
+    assert row.verdict == "diverged" and "not a near-tie: layer 15 mlp (MLP) leaves its noise floor, 2.9x it" in \
+        row.explanation
+    clean = TieEvidence(noise=noise, layers={("other", "a"): LayerCheck(clean=True, k=2.0, sensitivity=0.031)})
+    row = verdict(tmp_path, ref, close, clean, expect="benign_ties")
+    assert row.verdict == "benign_tie" and "no component leaves its noise floor, none above 3.1%" in row.explanation
 
 
 def test_a_three_way_tie_names_the_rank_the_engines_token_had(tmp_path: Path) -> None:
@@ -95,10 +125,10 @@ def test_a_three_way_tie_names_the_rank_the_engines_token_had(tmp_path: Path) ->
                  [[-0.1, -3, -4], [-1.0, -1.0, -1.0], [-0.2, -3, -4]])
     third = result("other", [5, 9, 7], [-0.09, -0.9, -0.2], [[5, 9, 3], [9, 6, 8], [7, 3, 4]],
                    [[-0.09, -3, -4], [-0.9, -1.0, -1.1], [-0.2, -3, -4]])
-    row = verdict(tmp_path, ref, third, expect="benign_ties")
+    row = verdict(tmp_path, ref, third, TieEvidence(noise={"a": CaseNoise(0.01, 0.1, 3, "bfloat16", "float32")}),
+                  expect="benign_ties")
     assert row.verdict == "benign_tie" and row.expected
-    assert ("near-tie: reference top-2 margin 0 <= tie margin 0.02 nats (other's token, the reference's #3, ties "
-            "with its runner-up)") in row.explanation
+    assert "(other's token, the reference's #3, ties with its runner-up)" in row.explanation
 
 
 def test_a_greedy_token_that_is_not_the_engines_own_top1_names_sampler_semantics(tmp_path: Path) -> None:
