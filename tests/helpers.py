@@ -74,7 +74,8 @@ def parity(*args: str, out: Path | None = None, timeout: float = 900, env: dict[
 
 def explain_disagreements(run_dir: Path) -> list[str]:
     """Cases where `parity explain` and the run's verdict disagree: a case the run judged apart that explain finds
-    no cause for, or beams the run matched that explain finds a cause for. Every explain of the suite is held to it."""
+    no cause for, beams the run matched that explain finds a cause for, or a near-tie one of them reads and the other
+    does not. Every explain of the suite is held to it."""
     verdicts_file, explain_dir = run_dir / "verdicts.parquet", run_dir / "explain"
     if not verdicts_file.exists() or not explain_dir.exists():
         return []
@@ -88,7 +89,10 @@ def explain_disagreements(run_dir: Path) -> list[str]:
         run = verdicts.get((e["case_id"], e["engine"]))
         if run is None or e["cause"] in ("failed", "no_trace"):
             continue
-        if (run != "match" and e["cause"] == "none") or (beams and run == "match" and e["cause"] != "none"):
+        tie_apart = (run == "benign_tie" and e["cause"] not in ("near_tie", "untraced", "length")) or (
+            run == "diverged" and e["cause"] == "near_tie")  # one reading of a near-tie, in the run and in explain
+        if (run != "match" and e["cause"] == "none") or (beams and run == "match" and e["cause"] != "none") or \
+                tie_apart:
             found.append(f"{e['case_id']} [{e['engine']}]: run {run}, explain {e['cause']}: {e['verdict'][:200]}")
     return found
 

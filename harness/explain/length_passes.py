@@ -18,7 +18,7 @@ from harness.explain.localise import Localisation
 from harness.models.families import rope_parameters
 
 LENGTH_DEPENDENT = ("longrope", "dynamic")  # rope types whose factors depend on the sequence's length
-REREAD = ("near_tie", "none", "sampler", "ending")  # full-pass readings with nothing out of the floor
+REREAD = ("near_tie", "beyond_noise", "none", "sampler", "ending")  # full-pass readings with nothing out of the floor
 
 
 def length_dependent_rope(model_path: Path) -> str | None:

@@ -93,11 +93,12 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
              divergence: Divergence | None, nonfinite: dict[str, dict[str, int]], fused: dict[str, set[str]],
              param_note: str, k: float, decode: Decode, ending: str = "", missing_map: str = "",
              near_tie: bool = False, routing: pd.DataFrame | None = None,
-             adapter: dict[str, Any] | None = None, forced: bool = False) -> Localisation:
+             adapter: dict[str, Any] | None = None, forced: bool = False, run_reading: str = "") -> Localisation:
     """points: against_floor() (or, forced, against_forced_floor()) output for this engine vs the reference, in
     forward order. ending: how the engines stop at different steps when the run judged them apart with no differing
     token to look at. missing_map: why no point inside the model was captured by both (only the logits were
-    compared). near_tie: the run judged the divergence a near-tie. routing: both engines' chosen experts compared
+    compared). near_tie: the run judged the divergence a near-tie (where it did not and no point leaves its floor,
+    the cause is beyond_noise, with the run's reason: run_reading). routing: both engines' chosen experts compared
     (harness.compare.routing.classify). adapter: both engines' LoRA updates compared
     (harness.explain.adapter_reading.compare). forced: the engine's layers started from the reference's input."""
     if set(points["point"]) <= {"logits"}:
@@ -183,9 +184,14 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
                    "were picked after the logits, so the difference is in the sampler or penalty semantics")
         return Localisation(cause="sampler", verdict=verdict + (f"; {param_note}" if param_note else "") + said_after,
                             **base)
-    verdict = (f"near-tie: {step_note[0].lower()}{step_note[1:]}; {within}{drift}; a drift this small flips only "
-               f"near-tied tokens.{said_after}")
-    return Localisation(cause="near_tie", verdict=verdict, **base)
+    if near_tie:
+        verdict = (f"near-tie: {step_note[0].lower()}{step_note[1:]}; {within}{drift}; a drift this small flips only "
+                   f"near-tied tokens.{said_after}")
+        return Localisation(cause="near_tie", verdict=verdict, **base)
+    verdict = (f"beyond the measured noise: {step_note[0].lower()}{step_note[1:]}; {within}{drift}; yet the run "
+               f"judged the divergence no near-tie ({run_reading or 'its margin is beyond the measured noise'}): "
+               f"differences below every floor added up beyond rounding.{said_after}")
+    return Localisation(cause="beyond_noise", verdict=verdict, **base)
 
 
 def _moe_reading(routing: pd.DataFrame, row: pd.Series, engine: str) -> tuple[str, str] | None:

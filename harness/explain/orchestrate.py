@@ -384,8 +384,14 @@ def _explain_engine(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFr
                    missing_map="; ".join(dict.fromkeys(filter(None, (t.metadata.get("missing_map", "")
                                                                      for t in (ref_trace, trace))))),
                    near_tie=verdict["verdict"] == "benign_tie", routing=routed,
-                   adapter=adapter_difference(ref_trace, trace, name), forced=result.forced)
+                   adapter=adapter_difference(ref_trace, trace, name), forced=result.forced,
+                   run_reading=_not_a_tie(verdict["explanation"]))
     return loc, frame, points, routed
+
+
+def _not_a_tie(explanation: str) -> str:
+    """The run's reason a divergence is no near-tie, from its verdict's explanation ('' where it gives none)."""
+    return next((part.strip() for part in explanation.split("; ") if part.strip().startswith("not a near-tie")), "")
 
 
 def adapter_difference(ref_trace: Trace, trace: Trace, name: str) -> dict | None:

@@ -22,7 +22,8 @@ class Localisation(BaseModel):
     engine: str
     reference: str
     # prompt | hazard | component | logits (beyond the floor where only the logits were compared) | sampler |
-    # near_tie | ending | none | no_trace | untraced | length (a difference only a pass up to the divergent step shows)
+    # near_tie | beyond_noise (tokens part beyond the measured noise, nothing out of a floor) | ending | none |
+    # no_trace | untraced | length (a difference only a pass up to the divergent step shows)
     cause: str
     verdict: str
     k: float | None = None  # the threshold: a point leaves the noise floor above k x the floor

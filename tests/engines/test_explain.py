@@ -160,8 +160,46 @@ def test_penalty_semantics_logits_agree_sampler_differs(penalties: ParityRun) ->
 
 
 @pytest.fixture(scope="module")
-def bf16(tmp_path_factory) -> ParityRun:
-    return parity("explain", str(SCENARIOS / "bf16-greedy.yaml"), out=tmp_path_factory.mktemp("bf16"))
+def bf16_both(tmp_path_factory) -> dict[str, ParityRun]:
+    """bf16-greedy.yaml and bf16-planted-fault.yaml explained in one command (their HF and vLLM engines shared), each
+    run by its scenario's name."""
+    out = tmp_path_factory.mktemp("bf16")
+    both = parity("explain", str(SCENARIOS / "bf16-greedy.yaml"), str(SCENARIOS / "bf16-planted-fault.yaml"), out=out)
+    assert both.code == 0, both.stdout[-3000:] + both.stderr[-2000:]
+    return {run_dir.name.split("-", 2)[2]: ParityRun(both.code, both.stdout, both.stderr, run_dir)
+            for run_dir in sorted(out.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def bf16(bf16_both: dict[str, ParityRun]) -> ParityRun:
+    return bf16_both["bf16-greedy"]
+
+
+@pytest.mark.parametrize(("engine", "point", "component"), [
+    ("mlp-fault", "layers.15.mlp", "MLP"), ("v-head-fault", "layers.9.v", "q/k/v projection"),
+    ("norm-fault", "layers.21.post_norm", "norm"), ("vllm-mlp-fault", "layers.8.mlp", "MLP")])
+def test_bf16_two_percent_faults_are_named_by_layer_and_component(bf16_both: dict[str, ParityRun], engine: str,
+                                                                 point: str, component: str) -> None:
+    """A change of 2% relative L2 in one component's output (scenarios/bf16_faults.py: every channel of an MLP or a
+    norm, one KV head of a v projection; planted in HF and in vLLM) is named in bfloat16: every layer starts from the
+    reference's input, so a point measures what its layer adds, against the reference's own rounding on its weights.
+    The old floor (float32 weights, worst position, running maximum, at least 2^-7, k=10) read none of them."""
+    loc = localisations(bf16_both["bf16-planted-fault"])[("story", engine)]
+    assert loc["cause"] == "component" and loc["forced"], loc["verdict"]
+    assert loc["out_of_floor"]["point"] == point and component in loc["out_of_floor"]["cause"]
+    assert "its layer started from the reference's input" in loc["verdict"]
+
+
+def test_bf16_clean_vllm_stays_inside_every_floor_and_says_its_sensitivity(bf16_both: dict[str, ParityRun]) -> None:
+    """The clean pair of the same command: nothing out of a floor, and the smallest change it could have told from
+    rounding said as a number ('none above X%'), no threshold above 5%."""
+    loc = localisations(bf16_both["bf16-planted-fault"])[("story", "vllm")]
+    assert loc["cause"] == "none", loc["verdict"]
+    reach = loc["sensitivity"]["threshold"]
+    assert 0 < reach <= 0.05 and f"none above {100 * reach:.3g}%" in loc["verdict"]
+    points = pd.read_parquet(bf16_both["bf16-planted-fault"].run_dir / "explain" / "points.parquet")
+    assert points[points.engine == "vllm"].sensitivity.max() <= 0.05
+    assert "none above" in bf16_both["bf16-planted-fault"].stdout
 
 
 def test_bf16_divergences_are_only_benign_ties(bf16: ParityRun) -> None:
