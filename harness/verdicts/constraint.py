@@ -8,6 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from harness.compare import constraint_rules
+from harness.compare.ending import STOP_STRING
 from harness.render import markdown
 from harness.render.console import console, print_table
 from harness.render.html_parts import esc, expected_table
@@ -51,10 +52,10 @@ class ConstraintVerdicts(VerdictFamily):
                 if name == reference or constraint is None or result is None or result.status != "ok" \
                         or ref is None or ref.status != "ok":
                     continue
-                stops = [s for s in case.engine_params[name].stop or [] if s in judging.decode_ids(
-                    result.token_ids, True)] if judging.decode_ids and result.finish_reason == "stop" else []
+                ending = judging.endings.get((name, case.case_id))
+                stop = ending.stop.stop if ending and ending.how == STOP_STRING and ending.stop else ""
                 fields = constraint_rules.judge(constraint, ref, result, result.applied("constraint"), judging.decode,
-                                                lambda ids: judging.decode_ids(ids, True), stops[0] if stops else "")
+                                                lambda ids: judging.decode_ids(ids, True), stop)
                 rows.append({"case_id": case.case_id, "engine": name,
                              "expected": fields["verdict"] in constraint_rules.PASSING,
                              "constraint": constraint.described(), "text": result.text, "reference_text": ref.text,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from harness.compare.ending import Ending
 from harness.core.plugins import Registry
 from harness.core.types import Result, TraceResult
 from harness.plan.invariance_checks import Check
@@ -51,6 +52,8 @@ class Judging:
     # ids -> text in the reference's tokenizer, skipping special tokens or not (None: no tokenizer, no text verdicts)
     decode_ids: Callable[[list[int], bool], str] | None = None
     eos_ids: set[int] = field(default_factory=set)  # the reference model's EOS ids
+    # how each of the engines' answers ended (harness.compare.ending), read once: (engine, case) -> its ending
+    endings: dict[tuple[str, str], Ending] = field(default_factory=dict)
 
 
 @dataclass
