@@ -266,8 +266,9 @@ def params_and_print(scenario: LoadedScenario, selection: Selection, all_rows: b
 def gate_and_print(scenarios: list[LoadedScenario], baseline: Path, out: Path, selection: Selection,
                    parallel: int | None, junit: Path | None, summary: Path | None) -> int:
     from harness.compare import baseline as baselines
-    from harness.compare.gate import DEFAULT_LOGPROB_TOLERANCE, invariance_cases, judge_run
+    from harness.compare.gate import DEFAULT_LOGPROB_TOLERANCE, invariance_cases, judge_run, out_of_expectation
     from harness.report.ci import write_outputs
+    from harness.verdicts.family import families
 
     for scenario in scenarios:  # a missing baseline is a config error before anything runs
         baselines.load(baseline, scenario.name, f"{scenario.path}: name")
@@ -275,15 +276,12 @@ def gate_and_print(scenarios: list[LoadedScenario], baseline: Path, out: Path, s
     outcomes = run_all_and_print(scenarios, out, selection, parallel)
     if any(outcome.interrupted for outcome in outcomes):
         return EXIT_INTERRUPTED
+    per_case = [family.name for family in families() if family.per_case]
     for scenario, outcome in zip(scenarios, outcomes, strict=True):
-        expected = {(r.engine, r.case_id): (bool(r.expected), r.explanation) for r in outcome.verdicts.itertuples()}
-        for r in outcome.drift.itertuples():  # a quantisation drift beyond its thresholds fails the case too
-            if not r.expected:
-                text = expected.get((r.engine, r.case_id), (True, ""))[1]
-                expected[(r.engine, r.case_id)] = (False, "; ".join(filter(None, [text, r.explanation])))
+        unexpected = out_of_expectation([outcome.rows(name) for name in per_case])
         tolerances = {name: scenario.spec.engine_expectation(name).max_logprob_delta or DEFAULT_LOGPROB_TOLERANCE
                       for name in scenario.spec.engines}
-        cases += judge_run(outcome.run_dir, baseline, expected, tolerances)
+        cases += judge_run(outcome.run_dir, baseline, unexpected, tolerances)
         cases += invariance_cases(scenario.name, outcome.invariance)
     for line in write_outputs(cases, junit, summary):
         print(line)

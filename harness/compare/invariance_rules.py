@@ -12,6 +12,8 @@ Verdicts per knob, over all its cases:
                     rule), a real difference otherwise
   distribution_match / distribution_diverged   sampled knobs whose random stream may change (speculative
                     decoding): a G-test on the first tokens of many samples
+  distribution_undetermined   a case's prefixes are all rarer than the G-test needs (nothing left to compare after
+                    pooling): the check could not see, and fails
   unsupported       the engine cannot turn this knob (the reason says engine, version, device)
   engine_error      a side failed
 A negative control (a change that must make the generation differ) must come out diverged; one that does not means
@@ -28,12 +30,12 @@ from pydantic import BaseModel
 
 from harness.compare import text_rules
 from harness.compare.diff import compare, noise_margin
-from harness.compare.sampling_parity import g_test, prefixes
+from harness.compare.sampling_parity import described, g_test, prefixes
 from harness.core.types import Result
 
 InvarianceVerdict = Literal["identical", "tokens_identical", "text_diverged", "diverged", "distribution_match",
-                            "distribution_diverged", "unsupported", "engine_error"]
-FAILING = {"diverged", "text_diverged", "distribution_diverged", "engine_error"}
+                            "distribution_diverged", "distribution_undetermined", "unsupported", "engine_error"]
+FAILING = {"diverged", "text_diverged", "distribution_diverged", "distribution_undetermined", "engine_error"}
 
 
 class InvarianceRow(BaseModel):
@@ -47,6 +49,7 @@ class InvarianceRow(BaseModel):
     control: bool = False  # a negative control: it must come out diverged
     expected: bool = True
     first_divergence: int | None = None
+    near_tie: bool | None = None  # diverged: the first divergence is a near-tie flip (None: not a token divergence)
     case_id: str | None = None  # the first divergent case
     max_abs_logprob_delta: float | None = None
     cases: int = 0
@@ -119,7 +122,7 @@ def _judge_tokens(baseline: list[Result], variant: list[Result], decode: Callabl
         where = f"the baseline ranks the variant's token {gap:.3g} nats below its own"
     reason = (f"a near-tie flip: {where}, within twice the drift seen on shared steps ({tie:.3g})" if near_tie else
               f"a real difference: {where}, beyond the drift seen on shared steps ({drift:.3g})")
-    return {**common, "verdict": "diverged", "first_divergence": step, "case_id": row["case_id"],
+    return {**common, "verdict": "diverged", "first_divergence": step, "case_id": row["case_id"], "near_tie": near_tie,
             "explanation": (f"{len(diverged)} of {len(baseline)} case(s) diverge; first {row['case_id']} at step "
                             f"{step}: baseline {_token(decode, row['ref_token'])}, variant "
                             f"{_token(decode, row['engine_token'])}: {reason}")}
@@ -135,8 +138,16 @@ def judge_samples(baseline: list[Result], variant: list[Result], steps: int, alp
     threshold = alpha / len(baseline)
     tests = [(a.case_id, g_test(prefixes(a.samples, steps), prefixes(b.samples, steps)))
              for a, b in zip(baseline, variant, strict=True)]
-    worst_case, worst = min(tests, key=lambda t: t[1]["p"])
     counts = f"{len(baseline[0].samples)} vs {len(variant[0].samples)} samples per case"
+    decided = [(case, t) for case, t in tests if t["p"] is not None]
+    worst_case, worst = min(decided, key=lambda t: t[1]["p"]) if decided else (None, None)
+    undetermined = [case for case, t in tests if t["p"] is None]
+    if undetermined and (worst is None or worst["p"] >= threshold):
+        case, test = next((case, t) for case, t in tests if t["p"] is None)
+        return {"verdict": "distribution_undetermined", "cases": len(baseline), "case_id": case,
+                "explanation": (f"G-test on the first {steps} token(s), {counts}: {len(undetermined)} case(s) "
+                                f"undetermined, first {case}: {described(test)}; draw more samples or test fewer "
+                                "steps (invariance: samples, steps)" + _variant_warnings(baseline, variant))}
     verdict = "distribution_diverged" if worst["p"] < threshold else "distribution_match"
     return {"verdict": verdict, "cases": len(baseline), "case_id": worst_case,
             "explanation": (f"G-test on the first {steps} token(s), {counts}: smallest p={worst['p']:.3g} "

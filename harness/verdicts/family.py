@@ -69,6 +69,9 @@ class VerdictFamily(ABC):
     title: ClassVar[str]  # its heading in summary.md and the HTML report
     anchor: ClassVar[str]  # the HTML report section's id
     always_shown: ClassVar[str] = ""  # text shown under the heading when the run has no rows (else: no section)
+    # its rows are one per engine and case: `parity gate` fails a case on any of them that is not as expected (the
+    # invariance rows are one per knob and engine: the gate makes each its own case)
+    per_case: ClassVar[bool] = True
 
     @abstractmethod
     def judge(self, judging: Judging) -> Judged:
