@@ -370,3 +370,20 @@ def prepare_engine_files(name: str, build: bool) -> list[tuple[str, str]]:
         out.append((engine, f"not built ({missing})" if missing else
                     description.prepare(models.MODELS[name].folder("float32"), build)))
     return out
+
+
+def left_for_first_use() -> str:
+    """What a bare `parity models prepare` leaves to first use, in one line: the on-demand models not prepared yet
+    (those that take seconds together, any costlier one with its cost) and how many others already are."""
+    from harness import models
+
+    on_demand = [(name, m) for name, m in models.MODELS.items() if m.on_demand]
+    waiting = [(name, m.cost) for name, m in on_demand if not m.prepared()]
+    quick = [name for name, cost in waiting if cost == "seconds"]
+    parts = ([f"{', '.join(quick)} (seconds each)"] if quick else []) + \
+        [f"{name} ({cost})" for name, cost in waiting if cost != "seconds"]
+    ready = len(on_demand) - len(waiting)
+    already = f"; {ready} more already prepared (`parity models list`)" if ready else ""
+    if not waiting:
+        return f"every on-demand model is already prepared ({ready}: `parity models list`)"
+    return f"on first use, or now with `parity models prepare NAME`: {'; '.join(parts)}{already}"
