@@ -12,8 +12,8 @@ Verdicts per knob, over all its cases:
                     rule), a real difference otherwise
   distribution_match / distribution_diverged   sampled knobs whose random stream may change (speculative
                     decoding): a G-test on the first tokens of many samples
-  distribution_undetermined   a case's prefixes are all rarer than the G-test needs (nothing left to compare after
-                    pooling): the check could not see, and fails
+  distribution_undetermined   every case's prefixes are rarer than the G-test needs (nothing left to compare after
+                    pooling): the check could not see, and fails (a case that alone is undetermined is named)
   unsupported       the engine cannot turn this knob (the reason says engine, version, device)
   engine_error      a side failed
 A negative control (a change that must make the generation differ) must come out diverged; one that does not means
@@ -130,7 +130,8 @@ def _judge_tokens(baseline: list[Result], variant: list[Result], decode: Callabl
 
 def judge_samples(baseline: list[Result], variant: list[Result], steps: int, alpha: float) -> dict:
     """For knobs that change the random stream but must keep the distribution: a G-test per case on the first
-    `steps` tokens of the samples, Bonferroni over cases."""
+    `steps` tokens of the samples, Bonferroni over cases. A case whose test is undetermined (every prefix too rare)
+    decides nothing and is named; with no case decided the knob is undetermined."""
     failed = [r for r in (*baseline, *variant) if r.status != "ok" or not r.samples]
     if failed:
         return {"verdict": "engine_error", "case_id": failed[0].case_id, "cases": len(baseline),
@@ -139,20 +140,21 @@ def judge_samples(baseline: list[Result], variant: list[Result], steps: int, alp
     tests = [(a.case_id, g_test(prefixes(a.samples, steps), prefixes(b.samples, steps)))
              for a, b in zip(baseline, variant, strict=True)]
     counts = f"{len(baseline[0].samples)} vs {len(variant[0].samples)} samples per case"
+    undetermined = [(case, t) for case, t in tests if t["p"] is None]
+    unsure = (f"; {len(undetermined)} case(s) undetermined, first {undetermined[0][0]}: "
+              f"{described(undetermined[0][1])}: draw more samples or test fewer steps (invariance: samples, steps)"
+              if undetermined else "")
     decided = [(case, t) for case, t in tests if t["p"] is not None]
-    worst_case, worst = min(decided, key=lambda t: t[1]["p"]) if decided else (None, None)
-    undetermined = [case for case, t in tests if t["p"] is None]
-    if undetermined and (worst is None or worst["p"] >= threshold):
-        case, test = next((case, t) for case, t in tests if t["p"] is None)
-        return {"verdict": "distribution_undetermined", "cases": len(baseline), "case_id": case,
-                "explanation": (f"G-test on the first {steps} token(s), {counts}: {len(undetermined)} case(s) "
-                                f"undetermined, first {case}: {described(test)}; draw more samples or test fewer "
-                                "steps (invariance: samples, steps)" + _variant_warnings(baseline, variant))}
+    if not decided:
+        return {"verdict": "distribution_undetermined", "cases": len(baseline), "case_id": undetermined[0][0],
+                "explanation": f"G-test on the first {steps} token(s), {counts}{unsure}"
+                               + _variant_warnings(baseline, variant)}
+    worst_case, worst = min(decided, key=lambda t: t[1]["p"])
     verdict = "distribution_diverged" if worst["p"] < threshold else "distribution_match"
     return {"verdict": verdict, "cases": len(baseline), "case_id": worst_case,
             "explanation": (f"G-test on the first {steps} token(s), {counts}: smallest p={worst['p']:.3g} "
                             f"({worst_case}; threshold {threshold:.3g} = alpha {alpha:g} / {len(baseline)} cases)"
-                            + _variant_warnings(baseline, variant))}
+                            f"{unsure}" + _variant_warnings(baseline, variant))}
 
 
 def _gap(baseline: Result, step: int, token: int) -> float | None:

@@ -78,6 +78,13 @@ def test_a_sampled_knob_whose_prefixes_are_all_rare_is_undetermined_and_fails() 
         verdict["explanation"]
     row = InvarianceRow(engine="e", knob="speculative", baseline="", variant="", **verdict)
     assert not _expected(row, [])
+    # beside a case the test decides, the undetermined one decides nothing and is named
+    rng = random.Random(0)
+    draws = [[rng.choices([5, 6], [3, 1])[0], 7] for _ in range(50)]  # two common prefixes: a test decides
+    both = judge_samples([*spread, result("b", [5], [], [], [], draws)],
+                         [*moved, result("b", [5], [], [], [], draws[::-1])], 2, 0.01)
+    assert both["verdict"] == "distribution_match" and both["case_id"] == "b", both["explanation"]
+    assert "1 case(s) undetermined, first a: undetermined (100 prefixes" in both["explanation"]
 
 
 def test_expectations_controls_and_identical_knobs() -> None:
