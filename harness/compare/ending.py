@@ -62,10 +62,6 @@ class Ending:
         """The last generated id is what ended the generation (an EOS or a stop token id)."""
         return self.how in (EOS, STOP_TOKEN)
 
-    @property
-    def finding(self) -> str:
-        return "; ".join(self.findings)
-
 
 UNKNOWN = Ending("", "", "", None, True)
 
