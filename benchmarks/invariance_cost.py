@@ -12,7 +12,7 @@ the plain side then uses each engine's API directly, one fresh process per confi
          of several requests sent concurrently)
 Both sides with the harness's thread settings (1 OpenMP thread, passive waiting). Prints both wall times, the ratio
 (target <= 1.3x) and where the plain side's time went per configuration. Usage:
-    python benchmarks/invariance_cost.py
+    python benchmarks/invariance_cost.py [SCENARIO: another invariance scenario, e.g. the suite's smallest run]
 """
 
 from __future__ import annotations
@@ -132,7 +132,8 @@ def serve(plan, model_path: Path, workdir: Path) -> float:
 
 
 def main() -> None:
-    scenario = load(SCENARIO).with_resolved()  # each engine's model folder, as a run finds it
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else SCENARIO
+    scenario = load(path).with_resolved()  # each engine's model folder, as a run finds it
     model_path = scenario.engine(scenario.spec.reference).model_folder
     tokenizer = load_tokenizer(model_path)
     prompt_ids = tokenize_prompts(tokenizer, list({c.prompt.id: c.prompt for c in scenario.cases}.values()))
@@ -141,7 +142,7 @@ def main() -> None:
                                    tokenizer.encode(invariance_checks.SHARED_PREFIX))
         started = time.monotonic()
         # exit 1 is this scenario's finding (the vLLM server's repeat is not bitwise identical), not a failure
-        timed([sys.executable, "-m", "harness", "run", str(SCENARIO), "--out", str(Path(tmp) / "reports")],
+        timed([sys.executable, "-m", "harness", "run", str(path), "--out", str(Path(tmp) / "reports")],
               dict(os.environ), ok=(0, 1))
         parity = time.monotonic() - started
         plain, parts = 0.0, []
@@ -159,7 +160,7 @@ def main() -> None:
             parts.append(f"{plan.name} {seconds:.1f} s ({sum(len(g) for g in plan.batches())} requests)")
             print(f"plain {parts[-1]}", flush=True)
     print(f"\nplain, one configuration after another: {plain:.1f} s")
-    print(f"parity run {SCENARIO.name}: {parity:.1f} s (configurations side by side, 1 thread each)")
+    print(f"parity run {path.name}: {parity:.1f} s (configurations side by side, 1 thread each)")
     print(f"ratio parity/plain: {parity / plain:.2f}x (target <= 1.3)")
 
 

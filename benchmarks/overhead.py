@@ -13,7 +13,8 @@ process start, imports, model load, generation, and for the harness effective pa
 writing results. Repeats are interleaved (plain, parity, plain, parity...); medians and spread are printed. Each
 side runs cold (the harness's effective-params cache and every compile cache emptied first) and warm.
 
-Usage: python benchmarks/overhead.py [--repeats 3] [--modes cold,warm]
+Usage: python benchmarks/overhead.py [--repeats 3] [--modes cold,warm] [--scenario FILE: another HF-vs-vLLM scenario,
+       e.g. the suite's smallest run (tests/engines/test_benchmarks.py)]
 Target (issue 13): parity <= 1.0x plain, medians of 3.
 """
 
@@ -104,8 +105,8 @@ def plain(model_path: Path, ids_file: Path, max_new: int, cache: Path) -> dict:
     return total
 
 
-def parity(out: Path) -> dict:
-    wall, cpu, _ = timed([sys.executable, "-m", "harness", "run", str(SCENARIO), "--out", str(out)], dict(os.environ))
+def parity(scenario: Path, out: Path) -> dict:
+    wall, cpu, _ = timed([sys.executable, "-m", "harness", "run", str(scenario), "--out", str(out)], dict(os.environ))
     meta = json.loads(next(out.iterdir()).joinpath("run.json").read_text())
     if meta["exit_code"] != 0:
         sys.exit(f"parity run exited {meta['exit_code']}")
@@ -131,8 +132,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--modes", default="cold,warm")
+    parser.add_argument("--scenario", type=Path, default=SCENARIO)
     args = parser.parse_args()
-    scenario = load(SCENARIO)
+    scenario = load(args.scenario)
     model_path = models.resolve(scenario.spec.model, scenario.spec.dtype)
     prompts = list({c.prompt.id: c.prompt for c in scenario.cases}.values())
     prompt_ids = list(tokenize_prompts(load_tokenizer(model_path), prompts).values())
@@ -150,7 +152,7 @@ def main() -> None:
                     if mode == "cold":
                         empty_caches(effective_cache, plain_cache, models.cache_root() / "compile")
                     row = plain(model_path, ids_file, max_new, plain_cache) if side == "plain" else \
-                        parity(Path(tmp) / f"{mode}-{i}")
+                        parity(args.scenario, Path(tmp) / f"{mode}-{i}")
                     rows[side].append(row)
                     print(f"{mode} repeat {i + 1} {side:6}: wall {row['wall_s']:.1f} s, cpu {row['cpu_s']:.1f} s",
                           flush=True)

@@ -17,8 +17,9 @@
    any process <= 4 GB), and the explain's run directory on disk.
    Past 256 positions the case is a long prompt and 32 generated tokens.
 
-Usage: python benchmarks/trace_overhead.py [--model smollm2-135m|gemma3-270m] [--positions 128] [--repeats 1]
-       (the issue's Gemma 3 figure: --model gemma3-270m --positions 1500)
+Usage: python benchmarks/trace_overhead.py [--model smollm2-135m|gemma3-270m|tiny-llama] [--positions 128]
+       [--repeats 1] (the issue's Gemma 3 figure: --model gemma3-270m --positions 1500; the suite's smallest run:
+       --model tiny-llama --positions 16)
 """
 
 from __future__ import annotations
@@ -245,7 +246,7 @@ def best_schedule(passes: dict[str, dict], floor: dict, run_dir: Path, run_s: fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m", choices=["smollm2-135m", "gemma3-270m"])
+    parser.add_argument("--model", default="smollm2-135m", choices=["smollm2-135m", "gemma3-270m", "tiny-llama"])
     parser.add_argument("--positions", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()

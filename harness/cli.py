@@ -398,7 +398,7 @@ def models_prepare(names: Annotated[list[str] | None, typer.Argument(
     own files of a model (llama.cpp's GGUF variants) are built on their first use, unless the model is named here or
     --engine-files is given."""
     from harness import models
-    from harness.commands import prepare_engine_files
+    from harness.commands import left_for_first_use, prepare_engine_files
     from harness.models import catalog
 
     problem = next(filter(None, map(catalog.preparable_problem, names or [])), None)
@@ -411,17 +411,15 @@ def models_prepare(names: Annotated[list[str] | None, typer.Argument(
     if names and not any(n in models.MODELS for n in names):
         return
     names = [n for n in names or [] if n in models.MODELS]
-    for name in names or [n for n, m in models.MODELS.items() if not m.on_demand or m.prepared()]:
+    for name in names or [n for n, m in models.MODELS.items() if not m.on_demand]:
         already = models.MODELS[name].prepared() and not force
         with console.status(f"preparing {name}"):
             path = models.prepare(name, force=force)
         console.print(f"{name}: {'already prepared' if already else 'prepared'} at {path}", highlight=False)
         for engine, line in prepare_engine_files(name, build=engine_files or bool(names)):
             console.print(f"  {engine}: {line}", highlight=False, markup=False)
-    for name, model in models.MODELS.items():
-        if not names and model.on_demand and not model.prepared():
-            console.print(f"{name}: on first use, or `parity models prepare {name}` ({model.cost})", highlight=False,
-                          markup=False)
+    if not names:
+        console.print(left_for_first_use(), highlight=False, markup=False)
 
 
 @models_app.command("list")

@@ -269,8 +269,9 @@ def params_and_print(scenario: LoadedScenario, selection: Selection, all_rows: b
 def gate_and_print(scenarios: list[LoadedScenario], baseline: Path, out: Path, selection: Selection,
                    parallel: int | None, junit: Path | None, summary: Path | None) -> int:
     from harness.compare import baseline as baselines
-    from harness.compare.gate import DEFAULT_LOGPROB_TOLERANCE, invariance_cases, judge_run
+    from harness.compare.gate import DEFAULT_LOGPROB_TOLERANCE, invariance_cases, judge_run, out_of_expectation
     from harness.report.ci import write_outputs
+    from harness.verdicts.family import families
 
     for scenario in scenarios:  # a missing baseline is a config error before anything runs
         baselines.load(baseline, scenario.name, f"{scenario.path}: name")
@@ -278,15 +279,12 @@ def gate_and_print(scenarios: list[LoadedScenario], baseline: Path, out: Path, s
     outcomes = run_all_and_print(scenarios, out, selection, parallel)
     if any(outcome.interrupted for outcome in outcomes):
         return EXIT_INTERRUPTED
+    per_case = [family.name for family in families() if family.per_case]
     for scenario, outcome in zip(scenarios, outcomes, strict=True):
-        expected = {(r.engine, r.case_id): (bool(r.expected), r.explanation) for r in outcome.verdicts.itertuples()}
-        for r in outcome.drift.itertuples():  # a quantisation drift beyond its thresholds fails the case too
-            if not r.expected:
-                text = expected.get((r.engine, r.case_id), (True, ""))[1]
-                expected[(r.engine, r.case_id)] = (False, "; ".join(filter(None, [text, r.explanation])))
+        unexpected = out_of_expectation([outcome.rows(name) for name in per_case])
         tolerances = {name: scenario.spec.engine_expectation(name).max_logprob_delta or DEFAULT_LOGPROB_TOLERANCE
                       for name in scenario.spec.engines}
-        cases += judge_run(outcome.run_dir, baseline, expected, tolerances)
+        cases += judge_run(outcome.run_dir, baseline, unexpected, tolerances)
         cases += invariance_cases(scenario.name, outcome.invariance)
     for line in write_outputs(cases, junit, summary):
         print(line)
@@ -375,3 +373,20 @@ def prepare_engine_files(name: str, build: bool) -> list[tuple[str, str]]:
         out.append((engine, f"not built ({missing})" if missing else
                     description.prepare(models.MODELS[name].folder("float32"), build)))
     return out
+
+
+def left_for_first_use() -> str:
+    """What a bare `parity models prepare` leaves to first use, in one line: the on-demand models not prepared yet
+    (those that take seconds together, any costlier one with its cost) and how many others already are."""
+    from harness import models
+
+    on_demand = [(name, m) for name, m in models.MODELS.items() if m.on_demand]
+    waiting = [(name, m.cost) for name, m in on_demand if not m.prepared()]
+    quick = [name for name, cost in waiting if cost == "seconds"]
+    parts = ([f"{', '.join(quick)} (seconds each)"] if quick else []) + \
+        [f"{name} ({cost})" for name, cost in waiting if cost != "seconds"]
+    ready = len(on_demand) - len(waiting)
+    already = f"; {ready} more already prepared (`parity models list`)" if ready else ""
+    if not waiting:
+        return f"every on-demand model is already prepared ({ready}: `parity models list`)"
+    return f"on first use, or now with `parity models prepare NAME`: {'; '.join(parts)}{already}"

@@ -83,18 +83,29 @@ def compare_to_baseline(old: dict, new: dict, tolerance: float) -> list[str]:
     return reasons + beam_moves(old.get("beams", []), new.get("beams", []), tolerance)
 
 
-def judge_run(run_dir: Path, baseline_dir: Path, expected: dict[tuple[str, str], tuple[bool, str]],
+def out_of_expectation(tables: list[pd.DataFrame]) -> dict[tuple[str, str], str]:
+    """(engine, case) -> why it is out of expectation, from every verdict table whose rows are one per engine and
+    case (tokens, text, constraint, drift, a plug-in family's): a row of any of them that is not as expected fails
+    the case; their explanations are joined."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for rows in tables:
+        for row in rows.itertuples():
+            if not row.expected:
+                found.setdefault((row.engine, row.case_id), []).append(row.explanation)
+    return {key: "; ".join(why) for key, why in found.items()}
+
+
+def judge_run(run_dir: Path, baseline_dir: Path, unexpected: dict[tuple[str, str], str],
               tolerances: dict[str, float]) -> list[GateCase]:
-    """Gate cases of one run. expected: (engine, case) -> (as expected?, explanation) from the run's verdicts."""
+    """Gate cases of one run. unexpected: (engine, case) -> why the run's verdicts hold it out of expectation."""
     header, records = records_from_run(run_dir)
     _, old_records = baseline.load(baseline_dir, header["scenario"], f"{run_dir / layout.RUN_JSON}: scenario_name")
     cases = []
     for record in records:
         key = (record["engine"], record["case_id"])
         case = GateCase(header["scenario"], record["case_id"], record["engine"])
-        ok, explanation = expected.get(key, (True, ""))
-        if not ok:
-            case.failures.append(f"out of expectation: {explanation}")
+        if key in unexpected:
+            case.failures.append(f"out of expectation: {unexpected[key]}")
         if key not in old_records:
             case.failures.append("not in the baseline: save a new baseline for this scenario")
         else:

@@ -13,6 +13,8 @@ Verdicts per knob, over all its cases:
                     neither: only exact ties), a real difference otherwise
   distribution_match / distribution_diverged   sampled knobs whose random stream may change (speculative
                     decoding): a G-test on the first tokens of many samples
+  distribution_undetermined   every case's prefixes are rarer than the G-test needs (nothing left to compare after
+                    pooling): the check could not see, and fails (a case that alone is undetermined is named)
   unsupported       the engine cannot turn this knob (the reason says engine, version, device)
   engine_error      a side failed
 A negative control (a change that must make the generation differ) must come out diverged; one that does not means
@@ -29,12 +31,12 @@ from pydantic import BaseModel
 
 from harness.compare import text_rules
 from harness.compare.diff import compare
-from harness.compare.sampling_parity import g_test, prefixes
+from harness.compare.sampling_parity import described, g_test, prefixes
 from harness.core.types import Result
 
 InvarianceVerdict = Literal["identical", "tokens_identical", "text_diverged", "diverged", "distribution_match",
-                            "distribution_diverged", "unsupported", "engine_error"]
-FAILING = {"diverged", "text_diverged", "distribution_diverged", "engine_error"}
+                            "distribution_diverged", "distribution_undetermined", "unsupported", "engine_error"]
+FAILING = {"diverged", "text_diverged", "distribution_diverged", "distribution_undetermined", "engine_error"}
 
 
 class InvarianceRow(BaseModel):
@@ -48,6 +50,7 @@ class InvarianceRow(BaseModel):
     control: bool = False  # a negative control: it must come out diverged
     expected: bool = True
     first_divergence: int | None = None
+    near_tie: bool | None = None  # diverged: the first divergence is a near-tie flip (None: not a token divergence)
     case_id: str | None = None  # the first divergent case
     max_abs_logprob_delta: float | None = None
     cases: int = 0
@@ -129,7 +132,7 @@ def _judge_tokens(baseline: list[Result], variant: list[Result], decode: Callabl
         where += f", but the variant drifts by {drift:.3g} on the steps both shared"
     band = f"twice the engine's own noise ({tie:.3g}: {noise[1]})"
     reason = f"a near-tie flip: {where}, within {band}" if near_tie else f"a real difference: {where}, beyond {band}"
-    return {**common, "verdict": "diverged", "first_divergence": step, "case_id": row["case_id"],
+    return {**common, "verdict": "diverged", "first_divergence": step, "case_id": row["case_id"], "near_tie": near_tie,
             "explanation": (f"{len(diverged)} of {len(baseline)} case(s) diverge; first {row['case_id']} at step "
                             f"{step}: baseline {_token(decode, row['ref_token'])}, variant "
                             f"{_token(decode, row['engine_token'])}: {reason}")}
@@ -137,7 +140,8 @@ def _judge_tokens(baseline: list[Result], variant: list[Result], decode: Callabl
 
 def judge_samples(baseline: list[Result], variant: list[Result], steps: int, alpha: float) -> dict:
     """For knobs that change the random stream but must keep the distribution: a G-test per case on the first
-    `steps` tokens of the samples, Bonferroni over cases."""
+    `steps` tokens of the samples, Bonferroni over cases. A case whose test is undetermined (every prefix too rare)
+    decides nothing and is named; with no case decided the knob is undetermined."""
     failed = [r for r in (*baseline, *variant) if r.status != "ok" or not r.samples]
     if failed:
         return {"verdict": "engine_error", "case_id": failed[0].case_id, "cases": len(baseline),
@@ -145,13 +149,22 @@ def judge_samples(baseline: list[Result], variant: list[Result], steps: int, alp
     threshold = alpha / len(baseline)
     tests = [(a.case_id, g_test(prefixes(a.samples, steps), prefixes(b.samples, steps)))
              for a, b in zip(baseline, variant, strict=True)]
-    worst_case, worst = min(tests, key=lambda t: t[1]["p"])
     counts = f"{len(baseline[0].samples)} vs {len(variant[0].samples)} samples per case"
+    undetermined = [(case, t) for case, t in tests if t["p"] is None]
+    unsure = (f"; {len(undetermined)} case(s) undetermined, first {undetermined[0][0]}: "
+              f"{described(undetermined[0][1])}: draw more samples or test fewer steps (invariance: samples, steps)"
+              if undetermined else "")
+    decided = [(case, t) for case, t in tests if t["p"] is not None]
+    if not decided:
+        return {"verdict": "distribution_undetermined", "cases": len(baseline), "case_id": undetermined[0][0],
+                "explanation": f"G-test on the first {steps} token(s), {counts}{unsure}"
+                               + _variant_warnings(baseline, variant)}
+    worst_case, worst = min(decided, key=lambda t: t[1]["p"])
     verdict = "distribution_diverged" if worst["p"] < threshold else "distribution_match"
     return {"verdict": verdict, "cases": len(baseline), "case_id": worst_case,
             "explanation": (f"G-test on the first {steps} token(s), {counts}: smallest p={worst['p']:.3g} "
                             f"({worst_case}; threshold {threshold:.3g} = alpha {alpha:g} / {len(baseline)} cases)"
-                            + _variant_warnings(baseline, variant))}
+                            f"{unsure}" + _variant_warnings(baseline, variant))}
 
 
 def _gap(baseline: Result, step: int, token: int) -> float | None:

@@ -1,10 +1,12 @@
 """Sampling parity: with do_sample tokens cannot be compared one by one, so each engine's seeded samples of the
 first tokens are compared with the reference's as frequencies. For each prefix length s (the first s tokens of each
 sample), a G-test (likelihood-ratio chi-square test of homogeneity) on the 2 x K table of prefix counts, categories
-with an expected count under 5 pooled into one. A case fails when any p-value is under alpha / steps."""
+with an expected count under 5 pooled into one. A case fails when any p-value is under alpha / steps, and is
+undetermined (and fails: the check could not see) where every prefix of some length is that rare."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 
@@ -24,7 +26,9 @@ def prefixes(samples: list[list[int]], length: int) -> Counter:
 
 
 def g_test(ref: Counter, other: Counter) -> dict:
-    """G statistic, degrees of freedom, p-value, and the category whose share differs most."""
+    """G statistic, degrees of freedom, p-value, and the category whose share differs most. p is None where the test
+    is undetermined: every category is rarer than 5 expected samples, so pooling leaves one column and nothing to
+    compare (more samples, or fewer steps, would decide it); a p-value of 1 there would read as a match."""
     from scipy.stats import chi2_contingency
 
     keys = sorted(set(ref) | set(other), key=lambda k: -(ref[k] + other[k]))
@@ -32,6 +36,9 @@ def g_test(ref: Counter, other: Counter) -> dict:
     totals = table.sum(axis=1, keepdims=True)
     expected = totals * table.sum(axis=0, keepdims=True) / totals.sum()
     small = (expected < 5).any(axis=0)
+    if small.all() and len(keys) > 1:
+        return {"categories": len(keys), "worst": None, "ref_share": 1.0, "engine_share": 1.0, "g": math.nan,
+                "dof": 0, "p": None}
     if small.any():  # pool rare categories, as the test's approximation needs
         table = np.concatenate([table[:, ~small], table[:, small].sum(axis=1, keepdims=True)], axis=1)
         keys = [k for k, s in zip(keys, small, strict=False) if not s] + [None]
@@ -39,10 +46,18 @@ def g_test(ref: Counter, other: Counter) -> dict:
     worst = int(np.abs(shares[0] - shares[1]).argmax())
     result = {"categories": table.shape[1], "worst": keys[worst], "ref_share": float(shares[0, worst]),
               "engine_share": float(shares[1, worst])}
-    if table.shape[1] < 2:
+    if table.shape[1] < 2:  # one prefix, common on both sides: both engines drew the same certain tokens
         return {**result, "g": 0.0, "dof": 0, "p": 1.0}
     g, p, dof, _ = chi2_contingency(table, correction=False, lambda_="log-likelihood")
     return {**result, "g": float(g), "dof": int(dof), "p": float(p)}
+
+
+def described(test: dict) -> str:
+    """One G-test in words: its statistic, or why it is undetermined."""
+    if test["p"] is None:
+        return (f"undetermined ({test['categories']} prefixes, each rarer than 5 expected samples: pooled into one "
+                "category, nothing to compare)")
+    return f"G={test['g']:.3g}, dof {test['dof']}, p={test['p']:.3g}"
 
 
 def _label(key, decode: Callable[[int], str]) -> str:
@@ -69,10 +84,15 @@ def judge_samples(scenario: LoadedScenario, results: dict[tuple[str, str], Resul
                 continue
             tests = [g_test(prefixes(a.samples, s), prefixes(b.samples, s)) for s in range(1, check.steps + 1)]
             threshold = check.alpha / check.steps
-            bad = [s for s, t in enumerate(tests) if t["p"] < threshold]
-            stats = "; ".join(f"first {s + 1} token(s): G={t['g']:.3g}, dof {t['dof']}, p={t['p']:.3g}"
-                              for s, t in enumerate(tests))
+            bad = [s for s, t in enumerate(tests) if t["p"] is not None and t["p"] < threshold]
+            undetermined = [s for s, t in enumerate(tests) if t["p"] is None]
+            stats = "; ".join(f"first {s + 1} token(s): {described(t)}" for s, t in enumerate(tests))
             counts = f"{len(a.samples)} vs {len(b.samples)} samples"
+            if not bad and undetermined:
+                rows.append({**row, "verdict": "undetermined", "expected": False, "explanation": (
+                    f"sampling distributions undetermined in the first {undetermined[0] + 1} token(s) ({counts}): "
+                    f"draw more samples or test fewer steps (sampling: samples, steps); {stats}")})
+                continue
             if not bad:
                 rows.append({**row, "verdict": "match", "expected": True, "explanation": (
                     f"sampling distributions agree ({counts}; G-test, alpha {check.alpha:g}): {stats}")})

@@ -1,5 +1,6 @@
 """What the client receives, judged from the ids: an engine's text against the reference tokenizer's decoding of that
-engine's own token ids, its stop-string trimming, its finish reason and the token counts a server reports.
+engine's own token ids, its stop-string trimming and the token counts a server reports; how the ids ended (finish
+reason, stop strings, ignore_eos) is read once, by harness.compare.ending, and its findings are the answer's too.
 
 A text that matches no reading of its own ids is a detokeniser finding (the ids may agree with the reference while the
 text does not). The readings an engine may give, each a documented rule of some engine:
@@ -18,20 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from harness.compare.ending import Ending
+
 AS_IDS, STOP_TOKEN_CUT, BEFORE_STOP, AFTER_STOP, PARTIAL_HELD, DIFFERS = (
     "as the ids", "stop token cut", "cut before stop", "cut after stop", "partial char held", "differs")
-STOP_REASONS = ("stop", "eos", "end", "stop_token", "eos_token")
 REPLACEMENT = "\ufffd"  # what a decoder writes for bytes that are not (yet) a whole UTF-8 character
-
-
-@dataclass(frozen=True)
-class StopMatch:
-    """Where a stop string first appears in the decoding of the generated ids."""
-
-    stop: str
-    char: int  # its first character in the decoded text
-    step: int  # the generated token that completes it
-    spans: bool  # it is split across more than one token
 
 
 @dataclass(frozen=True)
@@ -40,84 +32,41 @@ class Reading:
 
     ids_text: str  # the reference tokenizer's decoding of the engine's ids
     text_check: str  # one of the readings above
-    stop: StopMatch | None
-    ids_end: str  # "stop" or "length": what the ids say about how generation ended
     findings: list[str]  # each a sentence; none: as expected
 
 
-def first_stop(ids: list[int], stops: list[str], decode: Callable[[list[int]], str]) -> StopMatch | None:
-    """The earliest stop string in the decoded ids, the token that completes it and whether it spans tokens."""
-    text = decode(ids)
-    found = [(text.find(s), s) for s in stops if s and s in text]
-    if not found:
-        return None
-    char, stop = min(found)
-    step = _first_prefix(ids, lambda text: text.startswith(stop, char), decode)
-    started = _first_prefix(ids, lambda text: text.startswith(stop[0], char), decode)
-    return StopMatch(stop, char, step, spans=started != step)
-
-
-def _first_prefix(ids: list[int], holds: Callable[[str], bool], decode: Callable[[list[int]], str]) -> int:
-    """The first token whose prefix's text holds (a bisection: once the text there holds, the longer ones do)."""
-    low, high = 0, len(ids) - 1
-    while low < high:
-        middle = (low + high) // 2
-        if holds(decode(ids[: middle + 1])):
-            high = middle
-        else:
-            low = middle + 1
-    return low
-
-
-def readings(ids: list[int], decode: Callable[[list[int]], str], ends: set[int],
-             stop: StopMatch | None) -> list[tuple[str, str]]:
+def readings(ids: list[int], decode: Callable[[list[int]], str], ending: Ending) -> list[tuple[str, str]]:
     """Each reading's text of these ids (a held partial character: the tokens that hold its bytes left out, up to
     three, as a UTF-8 character has at most four bytes)."""
     full = decode(ids)
     out = [(AS_IDS, full)]
-    if ids and ids[-1] in ends:
+    if ending.last_id_ends:
         out.append((STOP_TOKEN_CUT, decode(ids[:-1])))
-    if stop is not None:
+    if ending.stop is not None:
+        stop = ending.stop
         out += [(BEFORE_STOP, full[: stop.char]), (AFTER_STOP, full[: stop.char + len(stop.stop)])]
     if full.endswith(REPLACEMENT):
         out += [(PARTIAL_HELD, decode(ids[:-k])) for k in range(1, min(3, len(ids)) + 1)]
     return out
 
 
-def read_answer(text: str, ids: list[int], decode: Callable[[list[int]], str], *, ends: set[int],
-                stops: list[str], stops_applied: bool, include_stop: bool | None, finish_reason: str,
-                max_new_tokens: int, usage: dict[str, int], prompt_len: int) -> Reading:
-    """Judge one engine's answer (text, finish reason, usage) against its own ids."""
-    stop = first_stop(ids, stops, decode) if stops else None
-    texts = readings(ids, decode, ends, stop)
+def read_answer(text: str, ids: list[int], decode: Callable[[list[int]], str], ending: Ending, *,
+                include_stop: bool | None, usage: dict[str, int], prompt_len: int) -> Reading:
+    """Judge one engine's answer (text, usage) against its own ids, and how they ended (harness.compare.ending: its
+    findings are the answer's too); `decode` writes the ids as the answer is written (ending.skip_special)."""
+    texts = readings(ids, decode, ending)
     full = texts[0][1]
     check = next((name for name, candidate in texts if candidate == text), DIFFERS)
     findings = []
     if check == DIFFERS:
         findings.append(text_difference(text, full))
-    elif stop is not None and include_stop is not None:
+    elif ending.stop is not None and include_stop is not None:
         kept = check in (AS_IDS, AFTER_STOP)
         if kept != include_stop:
-            findings.append(f"the stop string {stop.stop!r} is {'kept' if kept else 'cut'} but the engine's "
+            findings.append(f"the stop string {ending.stop.stop!r} is {'kept' if kept else 'cut'} but the engine's "
                             f"include_stop_str_in_output is {include_stop}")
-    if stop is not None and stops_applied and stop.step < len(ids) - 1:
-        findings.append(f"generated {len(ids) - 1 - stop.step} tokens past the stop string {stop.stop!r} "
-                        f"(complete at token {stop.step})")
-    ids_end = "stop" if (ids and ids[-1] in ends) or (stop and stop.step == len(ids) - 1) \
-        or len(ids) < max_new_tokens else "length"
-    said = "stop" if finish_reason.lower() in STOP_REASONS else finish_reason.lower()
-    if said and said != ids_end:
-        findings.append(f"finish reason {finish_reason!r} but the ids say {ids_end!r} ({_end_reason(ids, ends, stop)})")
-    findings += usage_findings(usage, len(ids), prompt_len)
-    return Reading(full, check, stop, ids_end, findings)
-
-
-def _end_reason(ids: list[int], ends: set[int], stop: StopMatch | None) -> str:
-    if ids and ids[-1] in ends:
-        return f"the last token {ids[-1]} is a stop token"
-    if stop is not None and stop.step == len(ids) - 1:
-        return f"the last token completes the stop string {stop.stop!r}"
-    return f"{len(ids)} tokens, no stop token or stop string at the end"
+    findings += [*ending.findings, *usage_findings(usage, len(ids), prompt_len)]
+    return Reading(full, check, findings)
 
 
 def usage_findings(usage: dict[str, int], generated: int, prompt_len: int) -> list[str]:

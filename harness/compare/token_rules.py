@@ -180,15 +180,27 @@ def _explain(row, ref: Result, other: Result, ref_params, other_params, decode: 
     elif row.verdict == "benign_tie":
         text = ties.benign(row)
     else:
-        head = (f"diverged at step {row.first_divergence}: reference chose {_token(decode, row.ref_token)} "
-                f"(top-2 margin {row.ref_top2_margin:.3g}), {other.engine} chose {_token(decode, row.engine_token)} "
-                f"({'in' if row.engine_token_in_ref_topk else 'not in'} the reference's top-k)")
+        head = _divergence(row, other.engine, decode)
         given = param_differences(ref_params, other_params)
         picked = _picked_after_logits(row.first_divergence, [ref, other], off, decode)
         causes = [c for c in (ties.not_benign(row), explain_differences(given), effective_note(ref, other, set(given)),
                               picked) if c]
         text = "; ".join([head, *_with_prompt_reading(row.first_divergence, other, causes, bool(picked))])
     return "; ".join([text] + notes)
+
+
+def _divergence(row, engine: str, decode: Decode) -> str:
+    """Where the two answers part, in words: the side that ended there, or both tokens with the reference's top-2
+    margin where it reported one."""
+    at = f"diverged at step {row.first_divergence}"
+    if row.ref_token < 0:
+        return f"{at}: the reference ended there, {engine} went on with {_token(decode, row.engine_token)}"
+    margin = "no top-k there" if np.isnan(row.ref_top2_margin) else f"top-2 margin {row.ref_top2_margin:.3g}"
+    if row.engine_token < 0:
+        return f"{at}: {engine} ended there, the reference went on with {_token(decode, row.ref_token)} ({margin})"
+    return (f"{at}: reference chose {_token(decode, row.ref_token)} ({margin}), {engine} chose "
+            f"{_token(decode, row.engine_token)} ({'in' if row.engine_token_in_ref_topk else 'not in'} the "
+            "reference's top-k)")
 
 
 def _with_prompt_reading(step: int, other: Result, causes: list[str], after_logits: bool) -> list[str]:

@@ -9,12 +9,13 @@ these fields through the helpers at the bottom of this module.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from harness.core.constraint_values import regex_problem, schema_problem
 
 
 class Group(StrEnum):
@@ -51,18 +52,10 @@ class Constraint(BaseModel):
         given = [k for k in ("json_schema", "regex", "choice") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of json_schema, regex, choice (found {given or 'none'})")
-        if self.regex is not None:
-            try:
-                re.compile(self.regex)
-            except re.error as exc:
-                raise ValueError(f"regex {self.regex!r} does not compile: {exc}") from None
-        if self.json_schema is not None:
-            import jsonschema
-
-            try:
-                jsonschema.validators.validator_for(self.json_schema).check_schema(self.json_schema)
-            except jsonschema.SchemaError as exc:
-                raise ValueError(f"json_schema is not a valid JSON schema: {exc.message}") from None
+        problem = regex_problem(self.regex) if self.regex is not None else \
+            schema_problem(self.json_schema) if self.json_schema is not None else None
+        if problem:
+            raise ValueError(problem)
         return self
 
     @property

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harness.models import lora_tensors
 from harness.models.lora_tensors import PARTS, ModuleUpdate, module_keys
@@ -77,26 +78,55 @@ def folder_problem(path: Path) -> str | None:
             return f"{path} has no {name}: save the adapter with PEFT's save_pretrained (safetensors)"
     try:
         config = json.loads((path / CONFIG).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         return f"{path / CONFIG} is not readable JSON ({exc})"
+    if not isinstance(config, dict):
+        return f"{path / CONFIG} holds {json.dumps(config)[:40]}, not a JSON object: save the adapter with PEFT"
     if config.get("peft_type", "LORA") != "LORA":
         return f"{path / CONFIG}: peft_type is {config.get('peft_type')!r}; only LORA adapters are compared"
-    if not isinstance(config.get("r"), int) or config["r"] < 1:
-        return f"{path / CONFIG}: r (the rank) is {config.get('r')!r}; it must be a positive integer"
+    value_problem = _config_value_problem(config)
+    if value_problem:
+        return f"{path / CONFIG}: {value_problem}"
     unsupported = [key for key in UNSUPPORTED if config.get(key) not in (None, False, {}, [], "none")]
     if unsupported:
         return (f"{path / CONFIG}: {', '.join(unsupported)} set; only LoRA with one rank and alpha and nothing "
                 "trained beyond its A and B (and B's bias) is compared")
     try:
-        names = tensor_names(path / WEIGHTS)
+        shapes = tensor_shapes(path / WEIGHTS)
     except Exception as exc:  # safetensors raises its own error types for a file that is not safetensors
         return f"{path / WEIGHTS} is not a readable safetensors file ({type(exc).__name__}: {exc})"
-    modules, stray = module_keys(names)
+    modules, stray = module_keys(list(shapes))
     if stray:
         return (f"{path / WEIGHTS}: {stray[0]} is not a LoRA tensor the harness applies ({', '.join(PARTS)}, each "
                 "with its pair): an adapter is applied whole or not at all")
     if not modules:
         return f"{path / WEIGHTS} holds no LoRA tensors: save the adapter with PEFT's save_pretrained"
+    weights_problem = _weights_problem(shapes, config["r"])
+    return weights_problem and f"{path / WEIGHTS}: {weights_problem}"
+
+
+def _config_value_problem(config: dict[str, Any]) -> str | None:
+    """The rank, alpha and rsLoRA switch as the merge and the engines read them, or the first that is not."""
+    rank, alpha, rslora = config.get("r"), config.get("lora_alpha"), config.get("use_rslora")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        return f"r (the rank) is {rank!r}; it must be a positive integer"
+    if "lora_alpha" in config and (not isinstance(alpha, int | float) or isinstance(alpha, bool) or not alpha > 0
+                                   or alpha == float("inf")):
+        return f"lora_alpha is {alpha!r}; it must be a positive number (the scale is lora_alpha / r)"
+    if rslora is not None and not isinstance(rslora, bool):
+        return f"use_rslora is {rslora!r}; it must be true or false"
+    return None
+
+
+def _weights_problem(shapes: dict[str, tuple[list[int], str]], rank: int) -> str | None:
+    """Each linear lora_A weight [r, in] and lora_B weight [out, r] of the config's rank, in a floating-point type."""
+    ab = {name: shape for name, shape in shapes.items() if name.endswith((".lora_A.weight", ".lora_B.weight"))}
+    for name, (shape, dtype) in ab.items():
+        if len(shape) != 2 or (shape[0] if ".lora_A." in name else shape[1]) != rank:
+            want = "[r, in]" if ".lora_A." in name else "[out, r]"
+            return f"{name} has shape {shape}; a LoRA weight is {want} with r = {rank} (adapter_config.json)"
+        if not dtype.startswith(("F", "BF")):
+            return f"{name} holds {dtype} values; LoRA weights are floating point"
     return None
 
 
@@ -149,6 +179,15 @@ def read(path: Path) -> AdapterInfo:
     return AdapterInfo(path, int(config["r"]), float(config.get("lora_alpha", config["r"])),
                        bool(config.get("use_rslora", False)), tuple(sorted(targets)),
                        str(config.get("base_model_name_or_path") or ""), tuple(sorted(biased)))
+
+
+def tensor_shapes(file: Path) -> dict[str, tuple[list[int], str]]:
+    """Each tensor of a safetensors file: its shape and dtype (F32, BF16, I8, ...), from the header only."""
+    from safetensors import safe_open
+
+    with safe_open(str(file), "np") as handle:
+        slices = {name: handle.get_slice(name) for name in handle.keys()}  # noqa: SIM118 (a handle, not a mapping)
+        return {name: (part.get_shape(), part.get_dtype()) for name, part in slices.items()}
 
 
 def tensor_names(file: Path) -> list[str]:

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from harness.core.user_paths import expanded, folder_to_read_problem, os_reason
+from harness.models.config_values import config_problem
 
 
 def folder_problem(model: str) -> str | None:
@@ -28,7 +29,10 @@ def folder_problem(model: str) -> str | None:
         return f"has a config.json that {os_reason(exc)}"
     except ValueError:
         return "has a config.json that is not JSON"
-    return None if isinstance(data, dict) else "has a config.json that is not a JSON object"
+    if not isinstance(data, dict):
+        return "has a config.json that is not a JSON object"
+    odd = config_problem(data)
+    return odd and f"has a config.json whose {odd}: fix that value"
 
 
 def read_config(folder: Path) -> dict:

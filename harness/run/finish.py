@@ -9,12 +9,11 @@ from __future__ import annotations
 import resource
 import sys
 import time
-from collections.abc import Callable
 
 import pandas as pd
 
 from harness import models
-from harness.compare.ending import as_compared, ended_by
+from harness.compare.ending import DecodeIds, Ending, as_compared, read_ending
 from harness.compare.tie_noise import TieEvidence
 from harness.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARITY
 from harness.core.types import Result
@@ -62,12 +61,13 @@ def finish(run: PendingRun, outcomes: dict[str, EngineOutcome], interrupted: boo
     results = {(name, case_id): result for name, o in outcomes.items() for case_id, result in o.results.items()}
     ordered = [results[(n, c.case_id)] for n in names for c in scenario.cases if (n, c.case_id) in results]
     eos_ids = models.eos_token_ids(ref_path)
-    endings = _endings(scenario, ordered, eos_ids, run.tokenizer.decode)
-    compared = {(r.engine, r.case_id): as_compared(r, endings[(r.engine, r.case_id)], min(eos_ids, default=None))
+    decode_ids = lambda ids, skip: run.tokenizer.decode(ids, skip_special_tokens=skip)  # noqa: E731
+    endings = _endings(scenario, ordered, eos_ids, decode_ids)
+    compared = {(r.engine, r.case_id): as_compared(r, endings[(r.engine, r.case_id)].how, min(eos_ids, default=None))
                 for r in ordered}
     params = {(n, c.case_id): c.engine_params[n].model_dump_json(exclude_none=True)
               for n in names for c in scenario.cases}
-    write_parquet(run_dir / layout.RESULTS, results_frame(ordered, params, endings))
+    write_parquet(run_dir / layout.RESULTS, results_frame(ordered, params, {k: e.how for k, e in endings.items()}))
     write_parquet(run_dir / layout.STEPS, steps_frame(ordered))
     if any(r.beams for r in ordered):
         write_parquet(run_dir / layout.BEAMS, beams_frame(ordered))
@@ -78,7 +78,7 @@ def finish(run: PendingRun, outcomes: dict[str, EngineOutcome], interrupted: boo
                       prompt_warnings=run.meta.prompt_warnings,
                       engine_prompt_warnings=run.meta.engine_prompt_warnings, interrupted=interrupted,
                       versions={name: o.versions for name, o in outcomes.items()},
-                      decode_ids=lambda ids, skip: run.tokenizer.decode(ids, skip_special_tokens=skip), eos_ids=eos_ids,
+                      decode_ids=decode_ids, eos_ids=eos_ids, endings=endings,
                       drift_traces={} if interrupted else drift_passes.run_passes(scenario, run_dir, results,
                                                                                    parallel, progress))
     tables = judge_families(judging)
@@ -113,8 +113,8 @@ def judge_families(judging: Judging) -> dict[str, pd.DataFrame]:
 
 
 def _endings(scenario: LoadedScenario, results: list[Result], eos_ids: set[int],
-             decode: Callable[[list[int]], str]) -> dict[tuple[str, str], str]:
-    """How each result's generation ended (harness.compare.ending), by (engine, case)."""
+             decode_ids: DecodeIds) -> dict[tuple[str, str], Ending]:
+    """How each result's generation ended (harness.compare.ending), by (engine, case): read once, for every verdict."""
     cases = {c.case_id: c for c in scenario.cases}
-    return {(r.engine, r.case_id): ended_by(r, cases[r.case_id].engine_params[r.engine], eos_ids, decode)
+    return {(r.engine, r.case_id): read_ending(r, cases[r.case_id].engine_params[r.engine], eos_ids, decode_ids)
             for r in results}

@@ -55,6 +55,15 @@ class YamlSource:
 
     def line_of(self, loc: Sequence[Any]) -> int | None:
         """1-based line of the deepest node on the key path `loc` that exists in the file."""
+        return self._walk(loc)[0]
+
+    def written(self, loc: Sequence[Any]) -> str | None:
+        """The text a scalar at the key path `loc` has in the file (`yes` where YAML read True), if it is one."""
+        line, node, whole = self._walk(loc)
+        return node.value if whole and isinstance(node, yaml.ScalarNode) else None
+
+    def _walk(self, loc: Sequence[Any]) -> tuple[int | None, yaml.Node | None, bool]:
+        """The line and node of the deepest node on the key path, and whether the whole path was found."""
         node = self.root
         line = node.start_mark.line + 1 if node is not None else None
         for key in loc:
@@ -62,14 +71,14 @@ class YamlSource:
                 match = next((v for k, v in node.value if k.value == str(key)), None)
                 key_node = next((k for k, v in node.value if k.value == str(key)), None)
                 if match is None:
-                    break
+                    return line, node, False
                 line, node = key_node.start_mark.line + 1, match
             elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
                 node = node.value[key]
                 line = node.start_mark.line + 1
             else:
-                break
-        return line
+                return line, node, False
+        return line, node, True
 
     def error(self, loc: Sequence[Any], message: str) -> ConfigError:
         line = self.line_of(loc)
@@ -88,8 +97,19 @@ class YamlSource:
             message = "unknown key: remove it or check its spelling"
         elif err["type"] == "missing":
             message = "required key is missing: add it"
+        elif err["type"] == "string_type" and isinstance(err.get("input"), bool | int | float):
+            message = _quote_it(self.written(loc), err["input"])
         more = f" (and {len(exc.errors()) - 1} more problem(s))" if len(exc.errors()) > 1 else ""
         return self.error(loc, message + more)
+
+
+def _quote_it(written: str | None, value: bool | int | float) -> str:
+    """A text field given an unquoted word YAML reads as a boolean (YAML 1.1: yes, no, on, off, true, false, in any
+    case) or a number: say so, and how to write the text."""
+    word = written if written is not None else str(value)
+    kind = "the boolean" if isinstance(value, bool) else "the number"
+    rule = " (YAML 1.1 reads unquoted yes/no/on/off/true/false that way)" if isinstance(value, bool) else ""
+    return f"{word} is read as {kind} {value!r}{rule}, not as text: quote it, '{word}'"
 
 
 def _parse(text: str) -> tuple[yaml.Node | None, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from harness.compare import constraint_rules
+from harness.compare.ending import STOP_STRING
 from harness.compare.tie_noise import tie_bounds
 from harness.render import markdown
 from harness.render.console import console, print_table
@@ -52,11 +53,11 @@ class ConstraintVerdicts(VerdictFamily):
                 if name == reference or constraint is None or result is None or result.status != "ok" \
                         or ref is None or ref.status != "ok":
                     continue
-                stops = [s for s in case.engine_params[name].stop or [] if s in judging.decode_ids(
-                    result.token_ids, True)] if judging.decode_ids and result.finish_reason == "stop" else []
+                ending = judging.endings.get((name, case.case_id))
+                stop = ending.stop.stop if ending and ending.how == STOP_STRING and ending.stop else ""
                 margins, bounds = tie_bounds([case.case_id], judging.ties, spec.engine_expectation(name).tie_margin)
                 fields = constraint_rules.judge(constraint, ref, result, result.applied("constraint"), judging.decode,
-                                                lambda ids: judging.decode_ids(ids, True), stops[0] if stops else "",
+                                                lambda ids: judging.decode_ids(ids, True), stop,
                                                 (float(margins[0]), float(bounds[0])), frozenset(judging.eos_ids))
                 rows.append({"case_id": case.case_id, "engine": name,
                              "expected": fields["verdict"] in constraint_rules.PASSING,

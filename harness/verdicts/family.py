@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from harness.compare.ending import Ending
 from harness.compare.tie_noise import TieEvidence
 from harness.core.plugins import Registry
 from harness.core.types import Result, TraceResult
@@ -54,6 +55,8 @@ class Judging:
     eos_ids: set[int] = field(default_factory=set)  # the reference model's EOS ids
     # the noise near-ties are read with and each near-tie's layer check (harness.run.tie_checks)
     ties: TieEvidence = field(default_factory=TieEvidence)
+    # how each of the engines' answers ended (harness.compare.ending), read once: (engine, case) -> its ending
+    endings: dict[tuple[str, str], Ending] = field(default_factory=dict)
 
 
 @dataclass
@@ -69,6 +72,9 @@ class VerdictFamily(ABC):
     title: ClassVar[str]  # its heading in summary.md and the HTML report
     anchor: ClassVar[str]  # the HTML report section's id
     always_shown: ClassVar[str] = ""  # text shown under the heading when the run has no rows (else: no section)
+    # its rows are one per engine and case: `parity gate` fails a case on any of them that is not as expected (the
+    # invariance rows are one per knob and engine: the gate makes each its own case)
+    per_case: ClassVar[bool] = True
 
     @abstractmethod
     def judge(self, judging: Judging) -> Judged:

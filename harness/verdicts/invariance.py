@@ -12,7 +12,14 @@ import pandas as pd
 
 from adapters import registry
 from harness.compare.diff import compare
-from harness.compare.invariance_rules import UNMEASURED, InvarianceRow, control_expected, judge_pair, judge_samples
+from harness.compare.invariance_rules import (
+    FAILING,
+    UNMEASURED,
+    InvarianceRow,
+    control_expected,
+    judge_pair,
+    judge_samples,
+)
 from harness.core.types import Result
 from harness.plan.invariance_checks import WORDS, Check
 from harness.render import markdown
@@ -87,8 +94,8 @@ def _expected(row: InvarianceRow, identical: list[str]) -> bool:
     if row.knob in identical:
         return row.verdict == "identical"
     if row.verdict == "diverged":
-        return "near-tie" in row.explanation
-    return row.verdict not in ("engine_error", "distribution_diverged")
+        return bool(row.near_tie)
+    return row.verdict not in FAILING
 
 
 def _unsupported(scenario: LoadedScenario, check: Check) -> str:
@@ -99,8 +106,8 @@ def _unsupported(scenario: LoadedScenario, check: Check) -> str:
 
 
 COLUMNS = {"engine": "str", "knob": "str", "baseline": "str", "variant": "str", "verdict": "str", "control": "bool",
-           "expected": "bool", "first_divergence": "float?", "case_id": "str?", "max_abs_logprob_delta": "float?",
-           "cases": "int", "explanation": "str"}
+           "expected": "bool", "first_divergence": "float?", "near_tie": "bool?", "case_id": "str?",
+           "max_abs_logprob_delta": "float?", "cases": "int", "explanation": "str"}
 DETAIL_HEADERS = ["engine", "knob", "baseline", "variant", "verdict", "ok", "explanation"]
 
 
@@ -139,6 +146,7 @@ class InvarianceVerdicts(VerdictFamily):
     columns = COLUMNS
     title = "Invariance (each engine against itself)"
     anchor = "invariance"
+    per_case = False
 
     def judge(self, judging: Judging) -> Judged:
         rows = judge_checks(judging.scenario, judging.checks, judging.results, judging.decode)

@@ -1,7 +1,8 @@
 """Text verdicts (text.parquet): what the client receives, per case and engine, judged from that engine's own ids
 (harness.compare.text_rules): its text against the reference tokenizer's decoding of the ids under the case's
-detokenisation params, the stop string's trimming, the finish reason, a server's usage counts and a streamed
-answer's chunks. A text that differs while the ids agree is a detokeniser finding, named as such."""
+detokenisation params, the stop string's trimming, a server's usage counts and a streamed answer's chunks; and how the
+ids ended (the finish reason, tokens past a stop string), as read once for the run (harness.compare.ending).
+A text that differs while the ids agree is a detokeniser finding, named as such."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import pandas as pd
 
 from harness.compare import text_rules
+from harness.compare.ending import StopMatch
 from harness.core.types import Result
 from harness.render import markdown
 from harness.render.console import console, print_table
@@ -84,30 +86,25 @@ def _judge(judging: Judging, case: Case, result: Result | None) -> dict | None:
     if not judging.scenario.description(result.engine).capabilities.text:
         return None  # an engine that returns ids only: no text to read
     params = case.engine_params[result.engine]
-    effective = result.effective or {}
-    skip = params.skip_special_tokens if params.skip_special_tokens is not None \
-        else effective.get("skip_special_tokens", True) is not False
-    stops = list(params.stop or [])
+    ending = judging.endings[(result.engine, case.case_id)]
+    include_stop = (result.effective or {}).get("include_stop_str_in_output")
     reading = text_rules.read_answer(
-        result.text, result.token_ids, lambda ids: judging.decode_ids(ids, skip),
-        ends=set(judging.eos_ids) | set(params.stop_token_ids or []), stops=stops,
-        stops_applied=result.applied("stop"),
-        include_stop=effective.get("include_stop_str_in_output"), finish_reason=result.finish_reason,
-        max_new_tokens=params.max_new_tokens, usage=result.usage, prompt_len=len(result.prompt_ids))
-    findings = reading.findings + text_rules.delta_findings(result.deltas, result.text, stops,
-                                                            effective.get("include_stop_str_in_output"))
-    stop = reading.stop
+        result.text, result.token_ids, lambda ids: judging.decode_ids(ids, ending.skip_special), ending,
+        include_stop=include_stop, usage=result.usage, prompt_len=len(result.prompt_ids))
+    findings = reading.findings + text_rules.delta_findings(result.deltas, result.text, list(params.stop or []),
+                                                            include_stop)
+    stop = ending.stop
     tolerated = judging.scenario.spec.engine_expectation(result.engine).text == "any"
     return {"case_id": case.case_id, "engine": result.engine, "expected": not findings or tolerated,
             "text_check": reading.text_check, "text": result.text, "ids_text": reading.ids_text,
             "stop_string": stop.stop if stop else "", "stop_step": stop.step if stop else None,
             "stop_spans_tokens": stop.spans if stop else None, "finish_reason": result.finish_reason,
-            "ids_end": reading.ids_end, "usage": json.dumps(result.usage), "deltas": result.deltas,
-            "explanation": "; ".join(findings) or _as_read(reading)}
+            "ids_end": ending.ids_end, "usage": json.dumps(result.usage), "deltas": result.deltas,
+            "explanation": "; ".join(findings) or _as_read(reading, stop)}
 
 
-def _as_read(reading: text_rules.Reading) -> str:
-    stop = reading.stop.stop if reading.stop else ""
+def _as_read(reading: text_rules.Reading, match: StopMatch | None) -> str:
+    stop = match.stop if match else ""
     return {
         text_rules.AS_IDS: "the decoding of its ids" + (f", through the stop string {stop!r}" if stop else ""),
         text_rules.STOP_TOKEN_CUT: "the decoding of its ids without the text of the stop token that ended them",

@@ -19,7 +19,7 @@ from harness.rundir import layout
 from harness.verdicts.family import Judged, Judging, VerdictFamily
 
 VERDICT_STYLE = {"match": "green", "benign_tie": "yellow", "diverged": "red", "hazard": "bold red",
-                 "engine_error": "bold red"}
+                 "engine_error": "bold red", "undetermined": "red"}
 HEADERS = ["case", "engine", "verdict", "ok", "diverges at", "max dlogprob", "explanation"]
 
 
@@ -84,7 +84,7 @@ class TokenVerdicts(VerdictFamily):
 CONSOLE_ROWS = 50  # verdict rows a run prints; past it, problems first and a line for the rest
 FIRST_ROWS = 100  # verdict rows in the report's first table; the rest are collapsed under it
 CASES_PER_PAGE = 50  # case sections on the report's first page, and on each further page beside it
-SEVERITY = {"engine_error": 0, "hazard": 1, "diverged": 2, "benign_tie": 3, "match": 4}
+SEVERITY = {"engine_error": 0, "hazard": 1, "diverged": 2, "undetermined": 2, "benign_tie": 3, "match": 4}
 
 
 def by_severity(verdicts: pd.DataFrame) -> pd.DataFrame:

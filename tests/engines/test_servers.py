@@ -313,7 +313,10 @@ engines:
     engine: openai
     options: {{url: "{url}", dialect: vllm, api_key_env: {key}, stream: true}}
     invariance: [stream]
-  cut: {{engine: openai, options: {{url: "{proxy}", dialect: vllm, api_key_env: {key}, stream: true}}}}
+  cut:
+    engine: openai
+    options: {{url: "{proxy}", dialect: vllm, api_key_env: {key}, stream: true}}
+    invariance: [stream]
 prompts:
   - {{id: chinese, messages: [{{role: user, content: "你好！请用中文介绍一下你自己。"}}]}}
   - {{id: count, text: "1, 2, 3, 4, 5,"}}
@@ -324,9 +327,10 @@ params: {{temperature: 0, max_new_tokens: 16, stop: [" 8, 9"]}}
 @pytest.fixture(scope="module")
 def detokenised(server_url, tmp_path_factory) -> ParityRun:
     """The real server answered directly (streamed, and unstreamed for the stream knob) and through a proxy that
-    writes the first non-ASCII character of each answer as U+FFFD, as a detokeniser that cut its bytes would."""
+    writes the first non-ASCII character of each streamed answer as U+FFFD, as a detokeniser that cut its bytes
+    would, and passes unstreamed answers as they are (the stream knob's baseline)."""
     host, port = server_url.removeprefix("http://").removesuffix("/v1").split(":")
-    proxy = FaultProxy((host, int(port)), lambda path, body, attempt: "cut_character")
+    proxy = FaultProxy((host, int(port)), lambda path, body, attempt: "cut_character" if body.get("stream") else None)
     tmp = tmp_path_factory.mktemp("detokenised")
     scenario = write_scenario(tmp / "s.yaml", DETOKENISED.format(url=server_url, proxy=proxy.url, key=API_KEY_ENV))
     yield parity("run", str(scenario), out=tmp / "reports")
@@ -359,7 +363,30 @@ def test_a_stop_string_spanning_tokens_is_judged_from_the_ids(detokenised: Parit
 
 
 def test_the_stream_knob_compares_the_same_requests_streamed_and_not(detokenised: ParityRun) -> None:
-    knobs = pd.read_parquet(detokenised.run_dir / "invariance.parquet").set_index("knob")
-    stream = knobs.loc["stream"]
+    knobs = pd.read_parquet(detokenised.run_dir / "invariance.parquet").set_index(["engine", "knob"])
+    stream = knobs.loc[("direct", "stream")]
     assert stream.verdict in ("identical", "tokens_identical"), stream.explanation
     assert (stream.baseline, stream.variant) == ("each answer in one piece", "the same requests streamed")
+
+
+def test_a_proxy_that_alters_streamed_answers_only_fails_the_stream_knob(detokenised: ParityRun) -> None:
+    """Equal ids, another text: the stream knob is text_diverged, fails, and says what differs and where."""
+    knobs = pd.read_parquet(detokenised.run_dir / "invariance.parquet").set_index(["engine", "knob"])
+    stream = knobs.loc[("cut", "stream")]
+    assert stream.verdict == "text_diverged" and not stream.expected, stream.explanation
+    assert stream.explanation.startswith("token ids equal, but 1 answer(s) read otherwise; first chinese: the text "
+                                         "leaves the baseline's at character"), stream.explanation
+    assert "it holds U+FFFD where the ids decode to a whole character" in stream.explanation
+    assert knobs.loc[("direct", "stream")].expected  # the same server, unaltered
+
+
+def test_the_gate_fails_a_case_on_its_text_finding(detokenised: ParityRun, tmp_path: Path) -> None:
+    """The cut answer's tokens are the server's own and match any baseline: only its text verdict can fail it."""
+    saved = parity("baseline", "save", str(detokenised.run_dir), "--to", str(tmp_path / "baselines"))
+    assert saved.code == 0, saved.stderr
+    gate = parity("gate", detokenised.meta["scenario"], "--baseline", str(tmp_path / "baselines"), "--engines",
+                  "hf,cut", out=tmp_path / "reports")
+    assert gate.code == 1, gate.stdout[-3000:]
+    assert ("REGRESSION detokenised chinese [cut]: out of expectation: detokeniser: the text leaves the decoding of "
+            "its own ids") in gate.stdout, gate.stdout[-3000:]
+    assert "REGRESSION detokenised count [cut]" not in gate.stdout  # ASCII only: nothing to cut

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.compare.baseline import save as save_baseline
@@ -33,18 +33,16 @@ from harness.rundir.store import EngineMeta, RunMeta, RunSelection, write_meta
 from harness.rundir.tables import results_frame, steps_frame, write_parquet
 from harness.scenario.spec import load
 
+from fuzzing import NOWHERE, OK_CODES, check
+from fuzzing import fuzz_settings as examples
 from helpers import parity, parity_in_process
 
 EXAMPLES = {"scenario": 300, "raw": 200, "argv": 200, "run_dir": 200, "baseline": 100, "journal": 200,
             "model": 150, "paths": 200}
-NOWHERE = "/nonexistent/python"  # an engine whose interpreter is missing: a run stops at exit 3, nothing starts
-OK_CODES = {0, 2, 3}
 
 
 def fuzz_settings(kind: str):
-    return settings(max_examples=EXAMPLES[kind], deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                           HealthCheck.large_base_example])
+    return examples(EXAMPLES[kind])
 
 
 BASE: dict[str, Any] = {
@@ -127,18 +125,6 @@ def scenario_data(draw) -> dict:
         else:
             _set(data, path, copy.deepcopy(draw(st.sampled_from([[], {}, "", None]))))
     return data
-
-
-def check(done, path: Path | None = None) -> None:
-    """Exit 0 or a documented error exit; on error one line, naming the file when the input was a file."""
-    assert not done.traceback, done.traceback
-    assert done.code in OK_CODES, (done.code, done.stdout[-1500:], done.stderr[-1500:])
-    assert "Traceback" not in done.stdout + done.stderr
-    if done.code != 0:
-        lines = done.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
-        if path is not None and done.code == 2:
-            assert str(path) in lines[0], lines[0]
 
 
 @pytest.fixture(scope="module")

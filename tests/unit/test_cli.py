@@ -133,3 +133,25 @@ def test_tables_print_whole_cells_when_not_a_terminal(tmp_path: Path) -> None:
                          env={"COLUMNS": "80", "PATH": ""}).stdout
     assert f"| short | {long} |" in out.splitlines()
     assert print_table  # imported in this process too: the module is light
+
+
+def test_a_bare_models_prepare_says_what_it_leaves_to_first_use_in_one_line(tmp_path: Path, monkeypatch) -> None:
+    """The quickstart's first step: a line per model it prepares (and its engines' files), then one line for the
+    on-demand models, not one each. The cache links the suite's folders, so nothing is converted here."""
+    from harness.models import MODELS
+
+    cache = tmp_path / "cache"
+    for name, model in MODELS.items():
+        if not model.on_demand:
+            (cache / "models" / name).mkdir(parents=True)
+            for dtype in ("float32", "bfloat16"):
+                (cache / "models" / name / dtype).symlink_to(model.folder(dtype))
+    monkeypatch.setenv("LLM_PARITY_CACHE", str(cache))
+    done = parity_in_process("models", "prepare")
+    assert done.code == 0, done.stdout + done.traceback
+    lines = done.stdout.splitlines()
+    prepared = [name for name, model in MODELS.items() if not model.on_demand]
+    assert [line.split(":")[0] for line in lines if not line.startswith("  ")][:-1] == prepared
+    on_demand = [name for name, model in MODELS.items() if model.on_demand]
+    assert lines[-1].startswith("on first use, or now with `parity models prepare NAME`: ")
+    assert all(name in lines[-1] for name in on_demand) and "gemma3-270m (about 2 minutes" in lines[-1]

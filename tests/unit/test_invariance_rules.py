@@ -43,7 +43,7 @@ def test_a_flip_within_the_drift_is_a_near_tie_and_beyond_it_a_real_difference()
     repeat = (0.0005, "its repeat knob's drift")  # the engine's own noise, measured apart from the knob
     near = judge_pair(BASE, [flipped, BASE[1]], str, repeat)
     assert near["verdict"] == "diverged" and near["first_divergence"] == 1 and near["case_id"] == "a"
-    assert "a near-tie flip" in near["explanation"]  # margin 0.0008 within twice the engine's 0.0005
+    assert near["near_tie"] and "a near-tie flip" in near["explanation"]  # margin 0.0008 within 2 x 0.0005
     far = result("b", [4, 2], [-0.3, -2.0], [[4, 2], [2, 4]], [[-0.3, -2], [-2.0, -2.1]])
     real = judge_pair(BASE, [BASE[0], far], str, repeat)
     assert real["verdict"] == "diverged" and "a real difference" in real["explanation"]
@@ -60,6 +60,14 @@ def test_a_variants_own_drift_never_widens_its_near_tie_band() -> None:
     assert "no noise measured apart from the knob" in unmeasured["explanation"]
     repeat = judge_pair(BASE, [flipped, stale[1]], str, (0.0005, "its repeat knob's drift"))
     assert "a real difference" in repeat["explanation"] and "but the variant drifts by 0.8" in repeat["explanation"]
+def test_a_real_difference_is_never_passed_for_the_words_in_its_explanation() -> None:
+    """The explanation holds the case id: a prompt named with the words "near-tie" must not pass a divergence."""
+    named = [BASE[0], BASE[1].model_copy(update={"case_id": "near-tie-prompt"})]
+    far = result("near-tie-prompt", [4, 2], [-0.3, -2.0], [[4, 2], [2, 4]], [[-0.3, -2], [-2.0, -2.1]])
+    fields = judge_pair(named, [BASE[0], far], str)
+    assert "near-tie" in fields["explanation"] and "a real difference" in fields["explanation"]
+    row = InvarianceRow(engine="e", knob="batch", baseline="", variant="", **fields)
+    assert row.near_tie is False and not _expected(row, [])
 
 
 def test_sampled_knobs_compare_distributions() -> None:
@@ -73,11 +81,30 @@ def test_sampled_knobs_compare_distributions() -> None:
     assert moved["verdict"] == "distribution_diverged" and "smallest p=" in moved["explanation"]
 
 
+def test_a_sampled_knob_whose_prefixes_are_all_rare_is_undetermined_and_fails() -> None:
+    """Long prefixes of few samples: every one drawn once, pooled into one column; a p-value of 1 would pass it."""
+    spread = [result("a", [5], [], [], [], [[i, i] for i in range(50)])]
+    moved = [result("a", [5], [], [], [], [[i, 50 + i] for i in range(50)])]
+    verdict = judge_samples(spread, moved, 2, 0.01)
+    assert verdict["verdict"] == "distribution_undetermined" and "1 case(s) undetermined, first a" in \
+        verdict["explanation"]
+    row = InvarianceRow(engine="e", knob="speculative", baseline="", variant="", **verdict)
+    assert not _expected(row, [])
+    # beside a case the test decides, the undetermined one decides nothing and is named
+    rng = random.Random(0)
+    draws = [[rng.choices([5, 6], [3, 1])[0], 7] for _ in range(50)]  # two common prefixes: a test decides
+    both = judge_samples([*spread, result("b", [5], [], [], [], draws)],
+                         [*moved, result("b", [5], [], [], [], draws[::-1])], 2, 0.01)
+    assert both["verdict"] == "distribution_match" and both["case_id"] == "b", both["explanation"]
+    assert "1 case(s) undetermined, first a: undetermined (100 prefixes" in both["explanation"]
+
+
 def test_expectations_controls_and_identical_knobs() -> None:
     row = InvarianceRow(engine="e", knob="batch", baseline="", variant="", verdict="tokens_identical")
     assert _expected(row, []) and not _expected(row, ["batch"])
-    assert not _expected(row.model_copy(update={"verdict": "diverged", "explanation": "a real difference"}), [])
-    assert _expected(row.model_copy(update={"verdict": "diverged", "explanation": "a near-tie flip"}), [])
+    assert not _expected(row.model_copy(update={"verdict": "diverged", "near_tie": False}), [])
+    assert _expected(row.model_copy(update={"verdict": "diverged", "near_tie": True}), [])
+    assert not _expected(row.model_copy(update={"verdict": "text_diverged"}), [])  # the client reads another answer
     control = row.model_copy(update={"knob": "control", "control": True})
     assert not _expected(control, []) and control_expected("diverged") and not control_expected("identical")
 

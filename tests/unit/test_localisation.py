@@ -75,8 +75,12 @@ def test_within_the_floor_both_taking_their_argmax_is_a_near_tie() -> None:
                             engine_margin=0.0, ref_took_argmax=True, engine_took_argmax=True, position=9,
                             forced_ref_top=[5, 6], forced_ref_margin=0.01, forced_engine_top=[5, 6],
                             forced_engine_margin=0.02)
-    loc, _ = localised({"layers.0.q_rope": 1e-7}, divergence=divergence)
+    loc, _ = localised({"layers.0.q_rope": 1e-7}, divergence=divergence, near_tie=True)
     assert loc.cause == "near_tie" and "the engines first differ at layer 0 q_rope (rope)" in loc.verdict
+    # the run read it otherwise (a margin beyond the measured noise): explain says so, never a near-tie of its own
+    loc, _ = localised({"layers.0.q_rope": 1e-7}, divergence=divergence,
+                       run_reading="not a near-tie: the margin is beyond the tie margin 0.005 nats")
+    assert loc.cause == "beyond_noise" and "the margin is beyond the tie margin 0.005 nats" in loc.verdict
 
 
 def test_prompt_and_hazard_come_first() -> None:

@@ -1,4 +1,5 @@
-"""Effective-params tables and the sampling-parity statistics, on hand-built values (no engines)."""
+"""Effective-params tables and the sampling-parity statistics (a G-test with nothing left to compare is undetermined),
+on hand-built values (no engines)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ from collections import Counter
 
 import pytest
 
-from harness.compare.sampling_parity import END, g_test, prefixes
-from harness.core.types import Effective, Setting
+from harness.compare.sampling_parity import END, described, g_test, judge_samples, prefixes
+from harness.core.types import Effective, Result, Setting
+from harness.scenario.spec import load
 from harness.semantics.effective import describe_differences, differing_fields, table_rows
+
+from helpers import write_scenario
 
 
 def effective(**kwargs) -> Effective:
@@ -79,3 +83,31 @@ def test_g_test_agrees_on_the_same_distribution_and_pools_rare_categories() -> N
 @pytest.mark.parametrize("counts", [Counter({(1,): 10}), Counter()])
 def test_g_test_with_one_category_is_no_evidence(counts) -> None:
     assert g_test(counts or Counter({(1,): 3}), Counter({(1,): 10}))["p"] == 1.0
+
+
+SAMPLED = """\
+model: tiny-llama
+engines:
+  ref: {engine: hf, reference: true}
+  other: {engine: vllm}
+prompts: [{id: a, text: "x"}]
+params: {do_sample: true, temperature: 1.0, seed: 1}
+sampling: {samples: 60, steps: 2, alpha: 0.01}
+"""
+
+
+def test_a_g_test_whose_prefixes_all_pool_into_one_is_undetermined_never_a_match(tmp_path) -> None:
+    """60 samples a side, every two-token prefix drawn once: pooling leaves one column, and a p-value of 1 there
+    would call any two distributions the same."""
+    spread = Counter({(i, i): 1 for i in range(60)})
+    undetermined = g_test(spread, Counter({(i, 100 + i): 1 for i in range(60)}))
+    assert undetermined["p"] is None and "undetermined (120 prefixes" in described(undetermined)
+
+    scenario = load(write_scenario(tmp_path / "s.yaml", SAMPLED))
+    first = [[7, i] for i in range(60)]  # the first token always 7: that test is decided; the second never repeats
+    results = {(name, "a"): Result(case_id="a", engine=name, status="ok", samples=[[s[0], s[1] + shift] for s in first])
+               for name, shift in (("ref", 0), ("other", 100))}
+    row = judge_samples(scenario, results, str).iloc[0]
+    assert row.verdict == "undetermined" and not row.expected, row.explanation
+    assert row.explanation.startswith("sampling distributions undetermined in the first 2 token(s) (60 vs 60 samples)")
+    assert "first 1 token(s): G=0, dof 0, p=1; first 2 token(s): undetermined (120 prefixes" in row.explanation

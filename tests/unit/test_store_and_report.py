@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from harness.compare.baseline import save
-from harness.compare.gate import compare_to_baseline, judge_run
+from harness.compare.gate import compare_to_baseline, judge_run, out_of_expectation
 from harness.compare.token_rules import judge
 from harness.core.errors import ConfigError
 from harness.core.types import Beam, Result
@@ -20,6 +20,7 @@ from harness.report.summary import write_summary
 from harness.rundir.store import FORMAT_VERSION, EngineMeta, RunMeta, read_meta, write_meta
 from harness.rundir.tables import STEP_TYPES, beams_frame, read_parquet, results_frame, steps_frame, write_parquet
 from harness.scenario.spec import load
+from harness.verdicts.family import families
 
 from helpers import parity_in_process, write_scenario
 
@@ -113,6 +114,25 @@ def test_a_beam_search_baseline_gates_every_beam(tmp_path: Path) -> None:
     assert gated.pop(("other", "b")) == ["beam 2 moved against the baseline from step 1"]
     assert all(not failures for failures in gated.values()), gated
     assert all(not g.failures for g in judge_run(before, tmp_path / "baselines", {}, {}))
+
+
+def test_a_text_or_constraint_finding_fails_the_gate_like_a_token_verdict(run_dir: Path, tmp_path: Path) -> None:
+    """Every per-case verdict table gates its cases: the reference's own text and another engine's constrained
+    answer fail them though their tokens matched the baseline; a table of rows per knob (invariance) is not one."""
+    save(run_dir, tmp_path / "baselines")
+    text = pd.DataFrame({"case_id": ["a", "a"], "engine": ["ref", "other"], "expected": [False, True],
+                         "explanation": ["detokeniser: the text leaves the decoding of its own ids", "as the ids"]})
+    constraint = pd.DataFrame({"case_id": ["a"], "engine": ["other"], "expected": [False],
+                               "explanation": ["changed: the constraint masked a token"]})
+    unexpected = out_of_expectation([text, constraint])
+    assert unexpected == {("ref", "a"): "detokeniser: the text leaves the decoding of its own ids",
+                          ("other", "a"): "changed: the constraint masked a token"}
+    gated = {(g.engine, g.case_id): g.failures for g in judge_run(run_dir, tmp_path / "baselines", unexpected, {})}
+    assert gated[("ref", "a")] == ["out of expectation: detokeniser: the text leaves the decoding of its own ids"]
+    assert gated[("other", "a")] == ["out of expectation: changed: the constraint masked a token"]
+    assert not gated[("ref", "b")] and not gated[("other", "b")]
+    per_case = [family.name for family in families() if family.per_case]
+    assert per_case == ["tokens", "text", "constraint", "drift"]  # what `parity gate` reads a case's verdicts from
 
 
 @pytest.mark.parametrize("damage, words", [

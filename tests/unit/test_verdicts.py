@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.compare.ending import as_compared, ended_by
+from harness.compare.ending import as_compared, read_ending
 from harness.compare.own_top1 import off_top1, top_probability
 from harness.compare.tie_noise import CaseNoise, LayerCheck, TieEvidence
 from harness.compare.token_rules import COLUMNS, Verdict, judge
@@ -29,6 +29,10 @@ prompts: [{id: a, text: "x"}]
 params: {temperature: 0, max_new_tokens: 4}
 """
 WORDS = {1: "<s>", 2: "</s>", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
+
+
+def ended_by(answer: Result, params: SamplingParams, eos_ids: set[int]) -> str:
+    return read_ending(answer, params, eos_ids, None).how
 
 
 def decode(token: int) -> str:
@@ -197,3 +201,19 @@ def test_a_first_step_divergence_on_a_self_tokenised_prompt_leads_with_the_promp
                               f"({named}) without returning the ids"), found.explanation
     assert "; also: the engines were given different sampling params (repetition_penalty" in found.explanation
     assert unnamed not in found.explanation
+
+
+def test_a_divergence_where_one_side_ended_says_so(tmp_path: Path) -> None:
+    """The reference ended at step 2 (a stop string) where the other engine went on: no top-2 margin exists there,
+    and no sentence may print one as 'nan'."""
+    ref = result("ref", [5, 6], [-0.1, -0.5], [[5, 9], [6, 8]], [[-0.1, -3], [-0.5, -1.5]], finish="stop")
+    longer = result("other", [5, 6, 7, 8], [-0.1, -0.5, -0.3, -0.4], [[5, 9], [6, 8], [7, 3], [8, 3]],
+                    [[-0.1, -3], [-0.5, -1.5], [-0.3, -2], [-0.4, -2]])
+    went_on = verdict(tmp_path, ref, longer)
+    assert went_on.explanation.startswith("diverged at step 2: the reference ended there, other went on with "
+                                          "'seven'"), went_on.explanation
+    shorter = ref.model_copy(update={"engine": "other"})
+    ended = verdict(tmp_path, REF.model_copy(update={"token_ids": [5, 6, 7]}), shorter)
+    assert ended.explanation.startswith("diverged at step 2: other ended there, the reference went on with 'seven' "
+                                        "(top-2 margin 2.8)"), ended.explanation
+    assert "nan" not in went_on.explanation + ended.explanation
