@@ -54,7 +54,8 @@ def explain(files: list[Path], out: Path) -> float:
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "harness", "explain", *map(str, files), "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True)
-    if done.returncode not in (0, 1):  # 1: a scenario whose expectations fail (the faults' may)
+    if done.returncode not in (0, 1) or not any(out.glob("*/explain/points.parquet")):  # 1: a scenario whose
+        # expectations fail (the faults' may)
         sys.exit(f"parity explain exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return time.perf_counter() - started
 

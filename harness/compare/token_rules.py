@@ -11,6 +11,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
 from harness.compare.diff import apply_ties, compare, error_rows
+from harness.compare.ending import UNKNOWN, Ending
 from harness.compare.own_top1 import OffTop1, off_top1
 from harness.compare.tie_noise import TieEvidence, margin_words, tie_bounds
 from harness.core.prompt_notes import made_by
@@ -67,9 +68,10 @@ def _result_or_missing(results: dict[tuple[str, str], Result], engine: str, case
 
 
 def judge(scenario: LoadedScenario, results: dict[tuple[str, str], Result], decode: Decode,
-          ties: TieEvidence | None = None) -> pd.DataFrame:
+          ties: TieEvidence | None = None, endings: dict[tuple[str, str], Ending] | None = None) -> pd.DataFrame:
     """Every engine against the reference, case by case. ties: the measured noise and layer checks near-ties are
-    read with (harness.run.tie_checks; None: none measured, so only exact ties are near-ties)."""
+    read with (harness.run.tie_checks; None: none measured, so only exact ties are near-ties); endings: how each
+    answer ended (harness.compare.ending), whose findings lead a divergence where one side stopped."""
     ties = ties or TieEvidence()
     spec, ref_name = scenario.spec, scenario.spec.reference
     off = {key: off_top1(r, _temperature(r, scenario.cases, key)) for key, r in results.items() if r.status == "ok"}
@@ -100,7 +102,7 @@ def judge(scenario: LoadedScenario, results: dict[tuple[str, str], Result], deco
         frame["expected"] = _expected(frame, expectation)
         frame["explanation"] = [
             hazard or _explain(row, refs[i], others[i], case.engine_params[ref_name], case.engine_params[engine],
-                               decode, off, TieReading(ties, expectation.tie_margin))
+                               decode, off, TieReading(ties, expectation.tie_margin), endings or {})
             for i, (case, row, hazard) in enumerate(zip(scenario.cases, frame.itertuples(), hazards, strict=True))]
         frames.append(frame)
     if not frames:  # only the reference ran (parity transplant): nothing to compare
@@ -168,7 +170,8 @@ class TieReading:
 
 
 def _explain(row, ref: Result, other: Result, ref_params, other_params, decode: Decode,
-             off: dict[tuple[str, str], list[OffTop1]], ties: TieReading) -> str:
+             off: dict[tuple[str, str], list[OffTop1]], ties: TieReading,
+             endings: dict[tuple[str, str], Ending]) -> str:
     if row.verdict == "engine_error":
         failed = [r for r in (ref, other) if r.status != "ok"]
         return "; ".join(f"{r.engine}: {r.error}" for r in failed)
@@ -182,11 +185,29 @@ def _explain(row, ref: Result, other: Result, ref_params, other_params, decode: 
     else:
         head = _divergence(row, other.engine, decode)
         given = param_differences(ref_params, other_params)
+        ended = _ending_findings(row, (other, ref), endings)
+        if ended:  # one side stopped where the other went on, and the text family says why: that leads, with only
+            # the params that decide where an answer ends
+            stops = {k: v for k, v in given.items() if k in ENDING_PARAMS}
+            return "; ".join([*ended, head, *filter(None, [explain_differences(stops)]), *notes])
         picked = _picked_after_logits(row.first_divergence, [ref, other], off, decode)
         causes = [c for c in (ties.not_benign(row), explain_differences(given), effective_note(ref, other, set(given)),
                               picked) if c]
         text = "; ".join([head, *_with_prompt_reading(row.first_divergence, other, causes, bool(picked))])
     return "; ".join([text] + notes)
+
+
+ENDING_PARAMS = ("stop", "stop_token_ids", "ignore_eos", "max_new_tokens", "min_new_tokens",
+                 "include_stop_str_in_output")
+
+
+def _ending_findings(row, results: tuple[Result, Result], endings: dict[tuple[str, str], Ending]) -> list[str]:
+    """Where one side ended at the divergence: what the text family found of how each answer ended (tokens past a
+    stop string, a finish reason its ids deny), the engine's first."""
+    if row.ref_token >= 0 and row.engine_token >= 0:
+        return []
+    return [f"{r.engine}: {finding}" for r in results
+            for finding in endings.get((r.engine, r.case_id), UNKNOWN).findings]
 
 
 def _divergence(row, engine: str, decode: Decode) -> str:

@@ -39,7 +39,8 @@ class TokenVerdicts(VerdictFamily):
     def judge(self, judging: Judging) -> Judged:
         if judging.interrupted and not judging.compared:
             return Judged(pd.DataFrame())
-        rule = judge_samples if judging.scenario.spec.sampling else partial(judge, ties=judging.ties)
+        rule = judge_samples if judging.scenario.spec.sampling else partial(judge, ties=judging.ties,
+                                                                            endings=judging.endings)
         verdicts = judge_all(rule, judging.scenario, judging.compared, judging.decode)
         return Judged(mark_verdicts(verdicts, judging.scenario, judging.prompt_warnings,
                                     judging.engine_prompt_warnings))

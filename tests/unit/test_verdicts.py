@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.compare.ending import as_compared, read_ending
+from harness.compare.ending import Ending, as_compared, read_ending
 from harness.compare.own_top1 import off_top1, top_probability
 from harness.compare.tie_noise import CaseNoise, LayerCheck, TieEvidence
 from harness.compare.token_rules import COLUMNS, Verdict, judge
@@ -217,3 +217,20 @@ def test_a_divergence_where_one_side_ended_says_so(tmp_path: Path) -> None:
     assert ended.explanation.startswith("diverged at step 2: other ended there, the reference went on with 'seven' "
                                         "(top-2 margin 2.8)"), ended.explanation
     assert "nan" not in went_on.explanation + ended.explanation
+
+
+def test_an_engine_that_went_past_its_stop_string_leads_with_that_and_no_unrelated_params(tmp_path: Path) -> None:
+    """Where one side stopped and the other went on, the text family's finding of how the answer ended leads the
+    token verdict's explanation, with only the params that decide an ending; no effective-param list."""
+    ref = result("ref", [5, 6], [-0.1, -0.5], [[5, 9], [6, 8]], [[-0.1, -3], [-0.5, -1.5]], finish="stop")
+    longer = result("other", [5, 6, 7, 8], [-0.1, -0.5, -0.3, -0.4], [[5, 9], [6, 8], [7, 3], [8, 3]],
+                    [[-0.1, -3], [-0.5, -1.5], [-0.3, -2], [-0.4, -2]]).model_copy(update={
+                        "effective": {"decoding": "greedy", "top_k": 40}})
+    ref = ref.model_copy(update={"effective": {"decoding": "greedy", "top_k": 1}})
+    past = Ending("length", "length", "", None, True, ("generated 2 tokens past the stop string 'six'",))
+    frame = judge(scenario(tmp_path, params="{stop: [six], repetition_penalty: 1.1}"),
+                  {("ref", "a"): ref, ("other", "a"): longer}, decode, None, {("other", "a"): past})
+    explanation = frame.iloc[0]["explanation"]
+    assert explanation.startswith("other: generated 2 tokens past the stop string 'six'; diverged at step 2: the "
+                                  "reference ended there"), explanation
+    assert "effective params" not in explanation and "repetition_penalty" not in explanation
