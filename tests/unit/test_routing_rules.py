@@ -84,3 +84,31 @@ def test_a_flip_without_captured_router_logits_is_not_judged() -> None:
     other = table([[0, 2]], [[0.7, 0.3]], [float("nan")])
     found = routing.classify(routing.compare_routes(reference, other), errors([0.0], [0.0]), POINTS, k=10)
     assert list(found["kind"]) == ["flip"] and routing.grid(found) == ["layer 0: ?"]
+
+
+def test_a_negative_margin_in_either_engine_is_never_a_near_tie() -> None:
+    """docs/moe.md's shifted-rule fault: the reference chose by a margin of 0.0366, the engine against its own scores
+    (margin -5.73); in bfloat16 the router logits differ by 0.0625, so the old rule (the smaller margin with its sign
+    dropped, within twice the logits' difference) read it benign."""
+    reference = table([[0, 3]], [[0.6, 0.4]], [0.0366])
+    shifted = table([[2, 3]], [[0.6, 0.4]], [-5.73])
+    found = routing.classify(routing.compare_routes(reference, shifted), errors([0.0625], [1e-6]), POINTS, k=10)
+    assert list(found["kind"]) == ["routing_rule"]
+    within = table([[2, 3]], [[0.6, 0.4]], [0.01])  # the engine's own scores do rank its choice first
+    found = routing.classify(routing.compare_routes(reference, within), errors([0.0625], [1e-6]), POINTS, k=10)
+    assert list(found["kind"]) == ["near_tie_flip"]
+
+
+def test_weights_are_judged_against_the_weights_own_floor() -> None:
+    """An absolute weight difference is held against the weights' floor (the noise floor's pass against the
+    reference, harness.compare.routing.weight_floor), not the router logits' relative one."""
+    reference = table([[0, 1]], [[0.70, 0.30]], [1.0])
+    other = table([[0, 1]], [[0.72, 0.28]], [1.0])
+    floor = table([[0, 1]], [[0.71, 0.29]], [1.0])
+    weights = routing.weight_floor(routing.compare_routes(reference, floor))
+    assert abs(weights[0] - 0.01) < 1e-12
+    judged = routing.classify(routing.compare_routes(reference, other), errors([0.0], [0.0]), POINTS, k=10,
+                              weights=weights)
+    assert list(judged["kind"]) == ["same"]  # 0.02 is inside 10 x 0.01
+    unfloored = routing.classify(routing.compare_routes(reference, other), errors([0.0], [0.0]), POINTS, k=10)
+    assert list(unfloored["kind"]) == ["weighting"]
