@@ -1,6 +1,6 @@
 """Faults planted in HF copies of the tiny mixture-of-experts models (scenarios/moe-*.yaml), each in layer LAYER only,
-each the class of a reported engine bug; `parity explain` names the first three with their layer and kind, and the
-batch knob catches the fourth (scenarios/moe-invariance.yaml). Each is a model patch (an engine option: `patch:
+each the class of a reported engine bug; `parity explain` names the first three and glm4_moe's ignored bias with
+their layer and kind, and the batch knob catches batch_dependent_router (scenarios/moe-invariance.yaml). Each is a model patch (an engine option: `patch:
 "moe_faults:<name>"`); the router hooks rewrite what HF's router module returns: (router logits, the chosen experts'
 weights, their ids)."""
 
@@ -75,5 +75,23 @@ def batch_dependent_router(model: Any) -> None:
         if _renormalises(model):
             picked = picked / picked.sum(-1, keepdim=True)
         return raised, picked.to(weights.dtype), chosen
+
+    _router(model).register_forward_hook(hook)
+
+
+def ignored_bias(model: Any) -> None:
+    """GLM-4.5's experts chosen by their sigmoid scores alone, the score-correction bias left out of the selection (an
+    engine that drops the load-balancing bias chooses otherwise wherever the bias decides); the weights are the scores
+    of the experts chosen, renormalised. The router logits are unchanged."""
+    if model.config.model_type != "glm4_moe":
+        raise ValueError("ignored_bias: only glm4_moe's router has a score-correction bias")
+
+    def hook(module: Any, args: Any, out: Any) -> Any:
+        logits, weights, ids = out
+        scores = _scores(model, logits)
+        chosen = scores.topk(ids.shape[1], dim=-1).indices
+        picked = scores.gather(1, chosen)
+        picked = picked / picked.sum(-1, keepdim=True) * getattr(module, "routed_scaling_factor", 1.0)
+        return logits, picked.to(weights.dtype), chosen
 
     _router(model).register_forward_hook(hook)

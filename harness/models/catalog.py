@@ -52,7 +52,14 @@ class NamedModel:
         return models_root() / self.name / variant
 
     def prepared(self) -> bool:
-        return all((self.folder(d) / "config.json").exists() for d in DTYPES)
+        """Built, and by the recipe its description names now (a changed recipe, a tiny model's drawn bias say,
+        changes the description, and the folders are built again)."""
+        source = models_root() / self.name / "source.json"
+        try:
+            built_as = json.loads(source.read_text()).get("description") if source.exists() else self.description
+        except (OSError, ValueError):
+            built_as = None
+        return built_as == self.description and all((self.folder(d) / "config.json").exists() for d in DTYPES)
 
 
 def smollm2_gguf_path() -> Path:

@@ -11,7 +11,8 @@ and 3 score b and b + 0.01 x noise (a near tie at every position). Where b lands
 2 and 3 straddle the top-2 boundary, a near tie between the last chosen and the first unchosen expert; where it lands
 above or below both, the boundary lies between the pair and one of a's experts, far apart. Which happens varies by
 position (tests/unit/test_tiny_models.py checks both occur on a test prompt). A score-correction bias (glm4_moe) is
-the same for experts 2 and 3, so it keeps their tie.
+drawn too, large enough to change which experts win at some positions (an engine that ignores it chooses otherwise
+there), and the same for experts 2 and 3, so it keeps their tie.
 """
 
 from __future__ import annotations
@@ -108,8 +109,8 @@ FAMILIES: dict[str, TinyFamily] = {
     # there, so this one is untied. DeepSeek V3 (sigmoid scoring too) does not run on vLLM 0.32's CPU build: its only
     # MLA backend takes heads of 576 (kv_lora_rank 512 + rope 64) in bfloat16
     "glm4_moe": TinyFamily("glm4_moe", "Glm4MoeConfig", "Glm4MoeForCausalLM",
-                           "mixture of experts: sigmoid scores with a score-correction bias, top 2 of 4, "
-                           "renormalised, a shared expert",
+                           "mixture of experts: sigmoid scores with a score-correction bias (drawn: it changes "
+                           "the chosen experts at some positions), top 2 of 4, renormalised, a shared expert",
                            {"head_dim": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
                             "moe_intermediate_size": 64, "n_shared_experts": 1, "first_k_dense_replace": 0,
                             "n_group": 1, "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 1.0,
@@ -141,6 +142,9 @@ def build(family: TinyFamily, tokenizer: Any) -> Any:
     return model
 
 
+BIAS_SCALE = 0.3  # the score-correction bias's spread, on sigmoid scores in [0, 1]
+
+
 def routers(model: Any, experts: int) -> list[Any]:
     """The model's router modules (a [experts, hidden] weight), one per mixture-of-experts block, in layer order."""
     return [m for name, m in model.named_modules()
@@ -157,5 +161,6 @@ def _draw_routers(model: Any, experts: int) -> None:
         weight[0], weight[1], weight[2] = a, -a, b
         weight[3] = b + 0.01 * torch.randn(weight.shape[1])
         bias = getattr(router, "e_score_correction_bias", None)
-        if bias is not None:
+        if bias is not None:  # a buffer, not a parameter: drawn here (0.3 moves 3-9 of 18 positions' choices)
+            bias.copy_(torch.randn(bias.shape[0]) * BIAS_SCALE)
             bias[3] = bias[2]

@@ -102,6 +102,18 @@ def test_a_planted_moe_fault_is_named_with_its_layer_and_kind(runs: dict[str, Pa
     assert set(mine[mine.layer < FAULT_LAYER].kind) == {"same"}  # routed alike before the planted layer
 
 
+def test_an_engine_that_ignores_the_score_correction_bias_is_a_routing_flip_without_a_tie(
+        runs: dict[str, ParityRun]) -> None:
+    """tiny-glm4_moe's bias is drawn so that it decides the choice at some positions (vLLM honours it and routes
+    alike); a copy choosing by the sigmoid scores alone flips there, against its own biased scores: no tie."""
+    found = located(runs["glm4_moe"])["ignored-bias"]
+    assert found["cause"] == "component" and found["out_of_floor"]["routing"] == "routing_rule", found["verdict"]
+    assert found["out_of_floor"]["point"] == f"layers.{FAULT_LAYER}.moe"
+    routing = pd.read_parquet(runs["glm4_moe"].run_dir / "explain" / "routing.parquet")
+    flips = routing[(routing.engine == "ignored-bias") & ~routing.same]
+    assert len(flips) and set(flips.kind) == {"routing_rule"} and (flips.engine_margin < 0).all()
+
+
 def test_the_invariance_knobs_run_on_a_moe_and_catch_a_batch_dependent_router(invariance: ParityRun) -> None:
     assert invariance.code == 0, invariance.stdout[-3000:]
     table = pd.read_parquet(invariance.run_dir / "invariance.parquet").set_index(["engine", "knob"])
