@@ -1,8 +1,8 @@
 """Faults planted in HF copies of the tiny mixture-of-experts models (scenarios/moe-*.yaml), each in layer LAYER only,
 each the class of a reported engine bug; `parity explain` names the first three and glm4_moe's ignored bias with
-their layer and kind, and the batch knob catches batch_dependent_router (scenarios/moe-invariance.yaml). Each is a model patch (an engine option: `patch:
-"moe_faults:<name>"`); the router hooks rewrite what HF's router module returns: (router logits, the chosen experts'
-weights, their ids)."""
+their layer and kind, and the batch knob catches batch_dependent_router (scenarios/moe-invariance.yaml). Each is a
+model patch (an engine option: `patch: "moe_faults:<name>"`); the router hooks rewrite what HF's router module
+returns: (router logits, the chosen experts' weights, their ids)."""
 
 from __future__ import annotations
 
