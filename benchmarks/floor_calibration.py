@@ -32,10 +32,14 @@ sys.path.insert(0, str(ROOT))
 from harness.compare.layer_floor import RULES  # noqa: E402
 
 SCENARIOS = ROOT / "scenarios"
-# engine -> the point its fault was planted in (every other engine is a clean pair)
-PLANTED = {"mlp-fault": "layers.15.mlp", "v-head-fault": "layers.9.v", "norm-fault": "layers.21.post_norm",
-           "vllm-mlp-fault": "layers.8.mlp", "mlp-half-fault": "layers.9.mlp", "expert-fault": "layers.1.moe",
-           "router-fault": "layers.1.router", "v-fault": "layers.7.v"}
+# (scenario, engine) -> the point its fault was planted in ("": any point: another model, not one component); every
+# other engine is a clean pair
+PLANTED = {("bf16-planted-fault", "mlp-fault"): "layers.15.mlp", ("bf16-planted-fault", "v-head-fault"): "layers.9.v",
+           ("bf16-planted-fault", "norm-fault"): "layers.21.post_norm",
+           ("bf16-planted-fault", "vllm-mlp-fault"): "layers.8.mlp",
+           ("gemma3-bf16", "mlp-half-fault"): "layers.9.mlp", ("moe-bf16", "expert-fault"): "layers.1.moe",
+           ("moe-bf16", "router-fault"): "layers.1.router", ("planted-fault", "v-fault"): "layers.7.v",
+           ("planted-fault", "mlp-fault"): "layers.26.mlp", ("lora-bf16", "base"): ""}
 LONG_GEMMA = """\
 name: gemma3-bf16-long
 model: gemma3-270m
@@ -68,11 +72,12 @@ def readings(out: Path) -> pd.DataFrame:
         localised = json.loads((run_dir / "explain" / "localisation.json").read_text())
         forced = set(localised.get("forced", []))
         for engine, own in points.groupby("engine"):
-            planted = PLANTED.get(engine)
+            planted = PLANTED.get((meta["scenario_name"], engine))
             judged = own[own["point"] == planted] if planted else own
             worst = judged.loc[judged["ratio"].idxmax()]
             rows.append({"scenario": meta["scenario_name"], "dtype": meta["engines"][meta["reference"]]["dtype"],
-                         "engine": engine, "kind": "fault" if planted else "clean", "forced": engine in forced,
+                         "engine": engine, "kind": "clean" if planted is None else "fault",
+                         "forced": engine in forced,
                          "point": worst["point"], "ratio": float(worst["ratio"]),
                          "threshold": float(own["sensitivity"].max()) if "sensitivity" in own else float("nan")})
     return pd.DataFrame(rows)
@@ -103,8 +108,9 @@ def main() -> int:
         k = RULES[dtype].k
         ok = not (widest >= k or narrowest <= k)
         failed |= not ok
-        print(f"{dtype}: clean pairs at most {widest:.3g}x their floor, planted faults at least {narrowest:.3g}x; "
-              f"k = {k:g} {'separates them' if ok else 'does NOT separate them'}; largest threshold "
+        faults = f"planted faults at least {narrowest:.3g}x" if len(faults) else "no planted faults"
+        print(f"{dtype}: clean pairs at most {widest:.3g}x their floor, {faults}; k = {k:g} "
+              f"{'separates them' if ok else 'does NOT separate them'}; largest threshold "
               f"{rows['threshold'].max():.3g} (relative L2)")
     return 1 if failed else 0
 

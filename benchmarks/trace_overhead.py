@@ -3,23 +3,26 @@
 1. Per engine (HF, vLLM), in one fresh process each with the model loaded once and warmed up (vLLM compiles its
    CPU kernels on the first generate): an untraced generation of a case (prompt + generated tokens = --positions)
    vs the traced teacher-forced pass over the same token sequence, which captures every layer's points,
-   embeddings and final norm at every position and the logits from the prompt's last position on, and streams
-   them to disk. Target <= 1.5x.
+   embeddings and final norm at every position and the logits from the prompt's last position on: HF's, the
+   reference's, written to disk; vLLM's as explain makes it, every layer started from HF's rows and compared with
+   them as captured, then its free logits-only pass. Target <= 1.5x.
 2. Peak RSS of an HF worker that generates and then traces the case vs one that only generates (separate
    processes, ru_maxrss). Target: within 300 MB.
 3. `parity explain` of a one-case HF-vs-vLLM scenario vs `parity run` of it, wall time of the whole command
    (model loads, the noise-floor engine and the localisation included), and each command's CPU: the harness
    process's own apart from its engine processes'. Target <= 1.3x (issue 56). Beside it, the least time any schedule
    of the explain's passes could take on this machine, from each pass's cost at one thread measured in part 1 (the
-   noise floor's too: the reference in float64, loaded where the reference was, compared with its trace).
+   noise floor's too: the reference's own weights in higher precision, loaded where the reference was, each layer
+   started from its trace). --dtype runs all of it in bfloat16 or float16 (float32 by default); there the run's
+   own near-tie checks (harness/run/tie_checks.py) run whenever vLLM's tokens part from HF's at a near-tie.
    With --model gemma3-270m (a 262,144-token vocabulary: one float32 logits row is 1 MB), the peak RSS of the
    harness process and of each engine process during both commands, sampled from /proc (targets: harness <= 1 GB,
    any process <= 4 GB), and the explain's run directory on disk.
    Past 256 positions the case is a long prompt and 32 generated tokens.
 
 Usage: python benchmarks/trace_overhead.py [--model smollm2-135m|gemma3-270m|tiny-llama] [--positions 128]
-       [--repeats 1] (the issue's Gemma 3 figure: --model gemma3-270m --positions 1500; the suite's smallest run:
-       --model tiny-llama --positions 16)
+       [--repeats 1] [--dtype float32|bfloat16|float16] (the issue's Gemma 3 figure: --model gemma3-270m --positions
+       1500; the suite's smallest run: --model tiny-llama --positions 16)
 """
 
 from __future__ import annotations
@@ -40,11 +43,13 @@ sys.path.insert(0, str(ROOT))
 from harness import models  # noqa: E402
 from harness.core.processes import worker_env  # noqa: E402
 from harness.executors.start_next import usable_cores  # noqa: E402
+from harness.run.trace_passes import FLOOR_DTYPE  # noqa: E402
 from harness.scenario.prompts import load_tokenizer  # noqa: E402
 
 PROMPT = "Once upon a time, in a small village by the sea,"
 
-# Runs in a fresh process: load one engine, time an untraced generation and (optionally) the traced pass.
+# Runs in a fresh process: load one engine, time an untraced generation and (optionally) the traced passes.
+# argv: engine, model folder, positions, mode, workdir, prompt, dtype[, the reference's trace, the token ids]
 CHILD = """
 import cProfile, json, pstats, resource, sys, time
 from pathlib import Path
@@ -55,28 +60,38 @@ def where_time_goes(profile):
     top = sorted(stats.items(), key=lambda kv: -kv[1][2])[:4]
     return ", ".join(f"{name} {own:.1f} s" for (_f, _l, name), (_c, _n, own, _t, _callers) in top)
 
+def timed(engine, request):
+    started, profile = time.perf_counter(), cProfile.Profile()
+    with profile:
+        traced = next(iter(engine.trace([request])))
+    return time.perf_counter() - started, traced, where_time_goes(profile)
+
 if __name__ == "__main__":
     from adapters.registry import describe
+    from harness.run.trace_passes import FLOOR_DTYPE
     from harness.scenario.prompts import load_tokenizer
     from harness.core.vocabulary import SamplingParams
     from harness.core.types import EngineSetup, Request, TraceRequest
     engine_name, model_path, positions, mode, workdir = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), \\
         sys.argv[4], Path(sys.argv[5])
-    prompt, trace = load_tokenizer(model_path).encode(sys.argv[6]), mode == "trace"
-    if mode == "floor":  # the noise floor's pass as explain makes it: the reference's model in float64, loaded in the
-        # worker the reference's engine was loaded in, compared with the reference's trace (argv[7]) as it is captured
-        reference = EngineSetup(name=engine_name, model_path=model_path, dtype="float32", workdir=workdir)
+    prompt, dtype = load_tokenizer(model_path).encode(sys.argv[6]), sys.argv[7]
+    if mode == "floor":  # the noise floor's pass as explain makes it: the reference's own weights (rounded to the
+        # run's dtype) computed in higher precision, loaded in the worker the reference's engine was loaded in, each
+        # layer started from the reference's trace (argv[8]) and compared with it as it is captured
+        reference = EngineSetup(name=engine_name, model_path=model_path, dtype=dtype, workdir=workdir)
         describe(engine_name).engine(reference).close()
-        setup = EngineSetup(name="floor", model_path=model_path, dtype="float64", workdir=workdir, trace=True)
+        setup = EngineSetup(name="floor", model_path=model_path, dtype=FLOOR_DTYPE[dtype], weights_dtype=dtype,
+                            workdir=workdir, trace=True)
         started = time.perf_counter()
         engine = describe(engine_name).engine(setup)
-        load_s, started = time.perf_counter() - started, time.perf_counter()
-        request = TraceRequest(case_id="case", token_ids=json.loads(sys.argv[8]), prompt_len=len(prompt),
-                               against=sys.argv[7], keep=[], trace_dir=str(workdir))
-        next(iter(engine.trace([request])))
-        print("RESULT " + json.dumps({"load_s": load_s, "trace_s": time.perf_counter() - started}), flush=True)
+        load_s = time.perf_counter() - started
+        request = TraceRequest(case_id="case", token_ids=json.loads(sys.argv[9]), prompt_len=len(prompt),
+                               against=sys.argv[8], inputs_from=sys.argv[8], keep=[], trace_dir=str(workdir))
+        trace_s, _, _ = timed(engine, request)
+        print("RESULT " + json.dumps({"load_s": load_s, "trace_s": trace_s}), flush=True)
         sys.exit(0)
-    setup = EngineSetup(name=engine_name, model_path=model_path, dtype="float32", workdir=workdir, trace=trace)
+    setup = EngineSetup(name=engine_name, model_path=model_path, dtype=dtype, workdir=workdir,
+                        trace=mode in ("trace", "forced"))
     engine = describe(engine_name).engine(setup)
     params = SamplingParams(temperature=0, max_new_tokens=max(1, positions - len(prompt)), ignore_eos=True)
     warm = SamplingParams(temperature=0, max_new_tokens=2)
@@ -85,14 +100,20 @@ if __name__ == "__main__":
     with profile:
         result = next(iter(engine.generate([Request(case_id="case", prompt_ids=prompt, params=params)])))
     out = {"generate_s": time.perf_counter() - started, "generate_where": where_time_goes(profile)}
-    if trace:
-        started, profile = time.perf_counter(), cProfile.Profile()
-        forced = TraceRequest(case_id="case", token_ids=prompt + result.token_ids, prompt_len=len(prompt))
-        with profile:
-            traced = next(iter(engine.trace([forced])))
-        out.update(trace_s=time.perf_counter() - started, points=len(traced.points),
-                   trace_mb=Path(traced.path).stat().st_size / 2**20, trace_where=where_time_goes(profile),
-                   path=traced.path, token_ids=forced.token_ids)
+    ids = prompt + result.token_ids
+    if mode == "trace":  # the reference's pass: every point, written whole
+        trace_s, traced, where = timed(engine, TraceRequest(case_id="case", token_ids=ids, prompt_len=len(prompt)))
+        out.update(trace_s=trace_s, points=len(traced.points), trace_mb=Path(traced.path).stat().st_size / 2**20,
+                   trace_where=where, path=traced.path, token_ids=ids)
+    if mode == "forced":  # another engine's passes, as explain makes them against the reference's trace (argv[8]):
+        # every layer started from its rows and compared as captured, then the free logits-only pass
+        ids = json.loads(sys.argv[9])
+        common = dict(case_id="case", token_ids=ids, prompt_len=len(prompt), against=sys.argv[8],
+                      trace_dir=str(workdir / "passes"))
+        trace_s, traced, where = timed(engine, TraceRequest(**common, inputs_from=sys.argv[8], keep=["logits"]))
+        free_s, _, _ = timed(engine, TraceRequest(**common, points=["logits"], keep=["logits"]))
+        out.update(trace_s=trace_s, free_s=free_s, points=len(traced.points), trace_where=where, forced=traced.forced,
+                   trace_mb=sum(f.stat().st_size for f in (workdir / "passes").iterdir()) / 2**20)
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(out), flush=True)
     engine.close()
@@ -106,7 +127,7 @@ import os, resource, sys
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
 if __name__ == "__main__":
     from vllm import LLM, SamplingParams
-    llm = LLM(model=sys.argv[1], dtype="float32", enforce_eager=True, kv_cache_memory_bytes=2**30, seed=0)
+    llm = LLM(model=sys.argv[1], dtype=sys.argv[4], enforce_eager=True, kv_cache_memory_bytes=2**30, seed=0)
     prompt = llm.get_tokenizer()(sys.argv[3]).input_ids
     params = SamplingParams(temperature=0, max_tokens=max(1, int(sys.argv[2]) - len(prompt)), ignore_eos=True)
     out = llm.generate([{"prompt_token_ids": prompt}], params)
@@ -126,21 +147,21 @@ def long_prompt(model_path: Path, tokens: int) -> str:
     return text
 
 
-def plain_vllm_peak_mb(model_path: Path, positions: int, prompt: str) -> float:
-    proc = subprocess.run([sys.executable, "-c", PLAIN_VLLM, str(model_path), str(positions), prompt],
+def plain_vllm_peak_mb(model_path: Path, positions: int, prompt: str, dtype: str) -> float:
+    proc = subprocess.run([sys.executable, "-c", PLAIN_VLLM, str(model_path), str(positions), prompt, dtype],
                           env=worker_env(threads=1), cwd=ROOT, capture_output=True, text=True, check=True)
     return float(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT ")).split()[1])
 
 
-def child(engine: str, model_path: Path, positions: int, mode: str, workdir: Path, prompt: str,
-          *floor_args: str) -> dict:
+def child(engine: str, model_path: Path, positions: int, mode: str, workdir: Path, prompt: str, dtype: str,
+          *reference: str) -> dict:
     env = worker_env(threads=1)
     if engine == "vllm":
         from adapters.engines.vllm_offline import Options, prepare_env, socket_dir
 
         env.update(prepare_env(workdir, Options(), socket_dir(workdir)))
     proc = subprocess.run([sys.executable, "-c", CHILD, engine, str(model_path), str(positions), mode, str(workdir),
-                           prompt, *floor_args], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+                           prompt, dtype, *reference], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     return json.loads(line.removeprefix("RESULT "))
 
@@ -148,6 +169,7 @@ def child(engine: str, model_path: Path, positions: int, mode: str, workdir: Pat
 SCENARIO = """\
 name: trace-bench
 model: {model}
+dtype: {dtype}
 engines:
   hf: {{engine: hf, reference: true}}
   vllm: {{engine: vllm}}
@@ -228,20 +250,22 @@ def _megabytes(folder: Path) -> float:
 
 def best_schedule(passes: dict[str, dict], floor: dict, run_dir: Path, run_s: float) -> str:
     """The least wall time any schedule of explain's work could take here: the run, then the passes' CPU at one
-    thread's efficiency (the reference's, vLLM's, the float64 floor's load and pass, as measured above) spread over
-    the cores, less the core the reference's worker leaves idle from its answer to the run's end (vLLM, the slower
-    engine, still runs). Compare, write and the workers' end are left out: a bound, not an estimate."""
+    thread's efficiency (the reference's full pass, vLLM's layer-forced pass and its free logits pass, the floor's
+    load and forced pass, as measured above) spread over the cores, less the core the reference's worker leaves idle
+    from its answer to the run's end (vLLM, the slower engine, still runs). The run's own near-tie checks are in
+    run_s. Compare, write and the workers' end are left out: a bound, not an estimate."""
     meta = json.loads((run_dir / "run.json").read_text())
     phases = meta["engines"][meta["reference"]]["phases"]
     answered = sum(phases[k] for k in ("process_start_s", "imports_s", "load_s", "generate_s"))
     cores = usable_cores()
     idle = max(0.0, (cores - 1) * (meta["phases"]["engines_s"] - answered))
-    work = passes["hf"]["trace_s"] + passes["vllm"]["trace_s"] + floor["load_s"] + floor["trace_s"]
+    vllm = passes["vllm"]
+    work = passes["hf"]["trace_s"] + vllm["trace_s"] + vllm["free_s"] + floor["load_s"] + floor["trace_s"]
     best = run_s + max(0.0, work - idle) / cores
     return (f"no schedule of explain's passes beats {best:.1f} s here, ratio {best / run_s:.2f}: {work:.1f} s of CPU "
-            f"at one thread each (hf {passes['hf']['trace_s']:.1f}, vllm {passes['vllm']['trace_s']:.1f}, float64 "
-            f"floor {floor['load_s']:.1f} + {floor['trace_s']:.1f}) on {cores:g} cores, {idle:.1f} s of a core idle in "
-            "the run after the reference's answer")
+            f"at one thread each (hf {passes['hf']['trace_s']:.1f}, vllm forced {vllm['trace_s']:.1f} + free "
+            f"{vllm['free_s']:.1f}, floor {floor['load_s']:.1f} + {floor['trace_s']:.1f}) on {cores:g} cores, "
+            f"{idle:.1f} s of a core idle in the run after the reference's answer")
 
 
 def main() -> None:
@@ -249,34 +273,38 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m", choices=["smollm2-135m", "gemma3-270m", "tiny-llama"])
     parser.add_argument("--positions", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = parser.parse_args()
-    model_path = models.resolve(args.model, "float32")
+    model_path = models.resolve(args.model, args.dtype)
     prompt = long_prompt(model_path, args.positions - GENERATED) if args.positions > 256 else PROMPT
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
-        passes = {}
-        for engine in ("hf", "vllm"):
-            r = passes[engine] = child(engine, model_path, args.positions, "trace", tmp_path / f"{engine}-traced",
-                                       prompt)
-            print(f"{engine}: untraced generation {r['generate_s']:.2f} s | traced teacher-forced pass "
-                  f"{r['trace_s']:.2f} s ({r['points']} points, {r['trace_mb']:.0f} MB) | ratio "
-                  f"{r['trace_s'] / r['generate_s']:.2f} (target <= 1.5) | peak RSS {r['peak_rss_mb']:.0f} MB\n"
+        passes = {"hf": child("hf", model_path, args.positions, "trace", tmp_path / "hf-traced", prompt, args.dtype)}
+        reference = (passes["hf"]["path"], json.dumps(passes["hf"]["token_ids"]))
+        passes["vllm"] = child("vllm", model_path, args.positions, "forced", tmp_path / "vllm-traced", prompt,
+                               args.dtype, *reference)
+        for engine, r in passes.items():
+            kind = ("layer-forced pass, compared as captured" if engine == "vllm" else "full teacher-forced pass")
+            free = f" + free logits pass {r['free_s']:.2f} s" if "free_s" in r else ""
+            print(f"{engine}: untraced generation {r['generate_s']:.2f} s | {kind} {r['trace_s']:.2f} s{free} "
+                  f"({r['points']} points, {r['trace_mb']:.0f} MB) | ratio {r['trace_s'] / r['generate_s']:.2f} "
+                  f"(target <= 1.5) | peak RSS {r['peak_rss_mb']:.0f} MB\n"
                   f"  generation: {r['generate_where']}\n  traced pass: {r['trace_where']}", flush=True)
-        floor = child("hf", model_path, args.positions, "floor", tmp_path / "floor", prompt, passes["hf"]["path"],
-                      json.dumps(passes["hf"]["token_ids"]))
-        print(f"hf in float64 (the noise floor): load in an engine's worker {floor['load_s']:.2f} s | traced pass "
-              f"compared with hf's trace as captured {floor['trace_s']:.2f} s", flush=True)
-        plain = child("hf", model_path, args.positions, "plain", tmp_path / "hf-plain", prompt)
-        traced = child("hf", model_path, args.positions, "trace", tmp_path / "hf-traced-rss", prompt)
+        floor = child("hf", model_path, args.positions, "floor", tmp_path / "floor", prompt, args.dtype, *reference)
+        print(f"hf on its {args.dtype} weights in {FLOOR_DTYPE[args.dtype]} (the noise floor): load in an engine's "
+              f"worker {floor['load_s']:.2f} s | layer-forced pass compared with hf's trace as captured "
+              f"{floor['trace_s']:.2f} s", flush=True)
+        plain = child("hf", model_path, args.positions, "plain", tmp_path / "hf-plain", prompt, args.dtype)
+        traced = child("hf", model_path, args.positions, "trace", tmp_path / "hf-traced-rss", prompt, args.dtype)
         print(f"hf worker peak RSS: untraced {plain['peak_rss_mb']:.0f} MB | generate + trace "
               f"{traced['peak_rss_mb']:.0f} MB | difference {traced['peak_rss_mb'] - plain['peak_rss_mb']:.0f} MB "
               f"(target <= 300)", flush=True)
-        yardstick = plain_vllm_peak_mb(model_path, args.positions, prompt)
+        yardstick = plain_vllm_peak_mb(model_path, args.positions, prompt, args.dtype)
         print(f"plain vLLM script generating the same case: peak RSS {yardstick:.0f} MB (the yardstick for any vLLM "
               "process)", flush=True)
         prompt_len = len(load_tokenizer(model_path).encode(prompt))
         scenario = tmp_path / "trace-bench.yaml"
-        scenario.write_text(SCENARIO.format(model=args.model, prompt=prompt,
+        scenario.write_text(SCENARIO.format(model=args.model, prompt=prompt, dtype=args.dtype,
                                             tokens=max(1, args.positions - prompt_len)))
         for i in range(args.repeats):
             run_s, run_peaks, run_cpu = timed_cli(["run", str(scenario), "--out", str(tmp_path / f"run{i}")])

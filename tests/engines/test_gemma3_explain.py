@@ -19,8 +19,33 @@ POINTS_PER_LAYER = 17  # Llama's 13, plus q_norm, k_norm and the two sandwich no
 
 
 @pytest.fixture(scope="module")
-def explained(tmp_path_factory) -> ParityRun:
-    return parity("explain", str(SCENARIOS / "gemma3-planted-fault.yaml"), out=tmp_path_factory.mktemp("gemma3"))
+def both(tmp_path_factory) -> dict[str, ParityRun]:
+    """gemma3-planted-fault.yaml (float32) and gemma3-bf16.yaml explained in one command, each run by its name."""
+    out = tmp_path_factory.mktemp("gemma3")
+    run = parity("explain", str(SCENARIOS / "gemma3-planted-fault.yaml"), str(SCENARIOS / "gemma3-bf16.yaml"), out=out)
+    return {d.name.split("-", 2)[2]: ParityRun(run.code, run.stdout, run.stderr, d) for d in sorted(out.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def explained(both: dict[str, ParityRun]) -> ParityRun:
+    return both["gemma3-planted-fault"]
+
+
+def test_bf16_a_two_percent_fault_in_half_of_an_mlps_channels_is_named_and_vllm_stays_clean(
+        both: dict[str, ParityRun]) -> None:
+    """Gemma 3 in bfloat16: the post-feed-forward norm would cancel a change of every channel alike, not one confined
+    to half the channels (scenarios/bf16_faults.py); vLLM inside every floor, and `parity run`'s own near-tie check
+    tells the faulty copy's flip from vLLM's."""
+    run = both["gemma3-bf16"]
+    assert run.code == 0, run.stdout[-3000:]
+    found = {loc["engine"]: loc for loc in json.loads(
+        (run.run_dir / "explain" / "localisation.json").read_text())["localisations"]}
+    fault = found["mlp-half-fault"]
+    assert fault["cause"] == "component" and fault["out_of_floor"]["point"] == "layers.9.mlp", fault["verdict"]
+    assert found["vllm"]["cause"] in ("none", "near_tie"), found["vllm"]["verdict"]
+    assert found["vllm"]["sensitivity"]["threshold"] <= 0.05
+    verdicts = run.verdicts.set_index("engine")
+    assert verdicts.loc["mlp-half-fault", "verdict"] != "benign_tie", verdicts.loc["mlp-half-fault", "explanation"]
 
 
 @pytest.fixture(scope="module")

@@ -29,9 +29,9 @@ KIND = {"weighting": "weighting", "shifted-rule": "routing_rule", "expert": "exp
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, ParityRun]:
-    """`parity explain` of every shipped MoE scenario in one command."""
+    """`parity explain` of every shipped MoE scenario in one command (moe-bf16.yaml's run under "bf16")."""
     tmp = tmp_path_factory.mktemp("moe")
-    run = parity("explain", *(str(SCENARIOS / f"moe-{family}.yaml") for family in MOE), out=tmp / "out")
+    run = parity("explain", *(str(SCENARIOS / f"moe-{family}.yaml") for family in (*MOE, "bf16")), out=tmp / "out")
     assert run.code == 0, run.stdout[-3000:] + run.stderr[-2000:]
     return {d.name.split("-moe-", 1)[1]: ParityRun(run.code, run.stdout, run.stderr, d)
             for d in sorted((tmp / "out").iterdir())}
@@ -100,6 +100,19 @@ def test_a_planted_moe_fault_is_named_with_its_layer_and_kind(runs: dict[str, Pa
     routing = pd.read_parquet(runs[family].run_dir / "explain" / "routing.parquet")
     mine = routing[routing.engine == fault]
     assert set(mine[mine.layer < FAULT_LAYER].kind) == {"same"}  # routed alike before the planted layer
+
+
+def test_bf16_two_percent_expert_and_router_faults_are_named_and_vllm_stays_clean(runs: dict[str, ParityRun]) -> None:
+    """tiny-qwen3_moe in bfloat16 (scenarios/moe-bf16.yaml): expert 0's down projection scaled to change the block's
+    output by 2% where it acts (judged over the positions the reference routed to expert 0), and the router's logits
+    changed by 2%, each named with its layer and kind; vLLM inside every floor."""
+    found = located(runs["bf16"])
+    assert found["vllm"]["cause"] in ("none", "near_tie"), found["vllm"]["verdict"]
+    expert, router = found["expert-fault"], found["router-fault"]
+    assert expert["cause"] == "component" and expert["out_of_floor"]["point"] == "layers.1.moe", expert["verdict"]
+    assert expert["out_of_floor"]["routing"] == "expert_kernel" and "the positions routed to expert 0" in \
+        expert["verdict"]
+    assert router["cause"] == "component" and router["out_of_floor"]["point"] == "layers.1.router", router["verdict"]
 
 
 def test_an_engine_that_ignores_the_score_correction_bias_is_a_routing_flip_without_a_tie(
