@@ -149,7 +149,9 @@ def long_prompt(model_path: Path, tokens: int) -> str:
 
 def plain_vllm_peak_mb(model_path: Path, positions: int, prompt: str, dtype: str) -> float:
     proc = subprocess.run([sys.executable, "-c", PLAIN_VLLM, str(model_path), str(positions), prompt, dtype],
-                          env=worker_env(threads=1), cwd=ROOT, capture_output=True, text=True, check=True)
+                          env=worker_env(threads=1), cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"the plain vLLM script exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     return float(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT ")).split()[1])
 
 
@@ -161,7 +163,9 @@ def child(engine: str, model_path: Path, positions: int, mode: str, workdir: Pat
 
         env.update(prepare_env(workdir, Options(), socket_dir(workdir)))
     proc = subprocess.run([sys.executable, "-c", CHILD, engine, str(model_path), str(positions), mode, str(workdir),
-                           prompt, dtype, *reference], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+                           prompt, dtype, *reference], env=env, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"{engine}'s {mode} process exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     return json.loads(line.removeprefix("RESULT "))
 

@@ -54,12 +54,14 @@ def answer_length(constraint: Constraint, ids: list[int], decode: Callable[[list
 
 def judge(constraint: Constraint, reference: Result, engine: Result, applied: bool,
           decode: Callable[[int], str], decode_ids: Callable[[list[int]], str], stopped_by: str = "",
-          ties: Ties | None = None, ends: frozenset[int] = frozenset()) -> dict:
+          ties: Ties | None = None, ended: tuple[bool, bool] = (False, False)) -> dict:
     """The verdict fields of one constrained engine's answer to one case: the reference's answer is at least its
     shortest prefix that satisfies the constraint; the engine must give the reference's tokens over the whole of its
-    own answer (a defect after the first satisfying tokens is a change too), the token that ends it (ends: EOS ids)
-    aside. stopped_by: the stop string that ended the engine's answer, if one did; ties: the tie margin and drift
-    bound of the case (measured noise: harness.compare.tie_noise; None: only exact ties)."""
+    own answer, as far as the reference's answer goes (a defect after the first satisfying tokens is a change too),
+    the tokens that end each answer aside (ended: whether the reference's and the engine's last token is what ended
+    it: an EOS, a stop token, a stop string's). stopped_by: the stop string that ended the engine's answer, if one
+    did; ties: the tie margin and drift bound of the case (measured noise: harness.compare.tie_noise; None: only
+    exact ties)."""
     length = answer_length(constraint, reference.token_ids, decode_ids)
     ref_ok, ref_why = (True, "") if length is not None else satisfies(constraint, reference.text)
     own_ok, own_why = satisfies(constraint, engine.text)
@@ -68,8 +70,9 @@ def judge(constraint: Constraint, reference: Result, engine: Result, applied: bo
         return {**fields, "verdict": "not_applied",
                 "explanation": "the engine does not apply this constraint (see its warning); nothing to judge"}
     if length is not None:
-        answer = len(engine.token_ids) - (1 if engine.token_ids and engine.token_ids[-1] in ends else 0)
-        whole = max(length, min(answer, len(reference.token_ids)))
+        answers = [len(r.token_ids) - int(bool(r.token_ids) and end) for r, end in zip((reference, engine), ended,
+                                                                                       strict=True)]
+        whole = max(length, min(answers))
         reference, engine = _first(reference, whole), _first(engine, whole)
     frame = compare([reference], [engine])
     margin, bound = ties if ties is not None else (0.0, float("inf"))

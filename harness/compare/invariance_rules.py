@@ -24,6 +24,7 @@ the check could not have seen a difference, and fails.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -57,14 +58,34 @@ class InvarianceRow(BaseModel):
     explanation: str = ""
 
 
-Noise = tuple[float, str]  # an engine's own drift measured apart from the knob judged, and where it came from
-UNMEASURED: Noise = (0.0, "no noise measured apart from the knob (no repeat knob, no max_logprob_delta): only exact "
-                          "ties")
+Noise = tuple[float, float, str]  # an engine's own noise measured apart from the knob judged: how far a gap between
+# two top tokens moves, how far a chosen token's logprob drifts, and where it came from
+
+
+@dataclass(frozen=True)
+class KnobNoise:
+    """What a knob's near-tie band is made of: the engine's noise for any case, and a case's own where it was
+    measured (the reference's rounding noise on it: harness.compare.tie_noise); the larger of the two counts."""
+
+    default: Noise = (0.0, 0.0, "no noise measured apart from the knob (no repeat knob, no max_logprob_delta, no "
+                                "noise pass): only exact ties")
+    cases: dict[str, Noise] = field(default_factory=dict)
+
+    def of(self, case_id: str) -> Noise:
+        case = self.cases.get(case_id.split("#", 1)[0])  # an invariance request's id carries its configuration
+        if case is None:
+            return self.default
+        if self.default[0] == self.default[1] == 0.0:
+            return case
+        return (max(case[0], self.default[0]), max(case[1], self.default[1]), f"{case[2]}; {self.default[2]}")
+
+
+UNMEASURED = KnobNoise()
 
 
 def judge_pair(baseline: list[Result], variant: list[Result], decode: Callable[[int], str],
-               noise: Noise = UNMEASURED) -> dict:
-    """Verdict fields for one knob: baseline[i] and variant[i] are the same case. noise: the engine's own drift
+               noise: KnobNoise = UNMEASURED) -> dict:
+    """Verdict fields for one knob: baseline[i] and variant[i] are the same case. noise: the engine's own noise
     measured apart from this knob (a near-tie is within twice it)."""
     failed = [r for r in (*baseline, *variant) if r.status != "ok"]
     if failed:
@@ -104,7 +125,8 @@ def _variant_warnings(baseline: list[Result], variant: list[Result]) -> str:
     return f"; only the variant warns: {'; '.join(extra)}" if extra else ""
 
 
-def _judge_tokens(baseline: list[Result], variant: list[Result], decode: Callable[[int], str], noise: Noise) -> dict:
+def _judge_tokens(baseline: list[Result], variant: list[Result], decode: Callable[[int], str],
+                  noise: KnobNoise) -> dict:
     frame = compare(baseline, variant)
     drift = float(np.nanmax(frame["max_abs_logprob_delta"].to_numpy(dtype=float), initial=0.0))
     drift = 0.0 if np.isnan(drift) else drift
@@ -120,17 +142,18 @@ def _judge_tokens(baseline: list[Result], variant: list[Result], decode: Callabl
     step = int(row["first_divergence"])
     case = next(r for r in baseline if r.case_id == row["case_id"])
     gap = _gap(case, step, int(row["engine_token"]))
-    tie = 2.0 * noise[0]
-    near_tie = gap is not None and 0.0 <= gap <= tie and drift <= tie
+    margin, drifts, source = noise.of(row["case_id"])
+    tie, bound = 2.0 * margin, 2.0 * drifts
+    near_tie = gap is not None and 0.0 <= gap <= tie and drift <= bound
     if gap is None:
         where = "the variant's token is not in the baseline's top-k there"
     elif gap < 0:
         where = f"the baseline ranks the variant's token {-gap:.3g} nats above the token it drew (a sampled draw)"
     else:
         where = f"the baseline ranks the variant's token {gap:.3g} nats below its own"
-    if drift > tie and gap is not None and 0.0 <= gap <= tie:
-        where += f", but the variant drifts by {drift:.3g} on the steps both shared"
-    band = f"twice the engine's own noise ({tie:.3g}: {noise[1]})"
+    if drift > bound and gap is not None and 0.0 <= gap <= tie:
+        where += f", but the variant drifts by {drift:.3g} on the steps both shared (bound {bound:.3g})"
+    band = f"twice the engine's own noise ({tie:.3g}: {source})"
     reason = f"a near-tie flip: {where}, within {band}" if near_tie else f"a real difference: {where}, beyond {band}"
     return {**common, "verdict": "diverged", "first_divergence": step, "case_id": row["case_id"], "near_tie": near_tie,
             "explanation": (f"{len(diverged)} of {len(baseline)} case(s) diverge; first {row['case_id']} at step "

@@ -71,7 +71,8 @@ def finish(run: PendingRun, outcomes: dict[str, EngineOutcome], interrupted: boo
     write_parquet(run_dir / layout.STEPS, steps_frame(ordered))
     if any(r.beams for r in ordered):
         write_parquet(run_dir / layout.BEAMS, beams_frame(ordered))
-    ties = TieEvidence() if interrupted else tie_checks.gather(scenario, run_dir, compared, parallel, progress)
+    ties = TieEvidence() if interrupted else tie_checks.gather(scenario, run_dir, {**results, **compared}, parallel,
+                                                               progress, run.checks)
     write_json(run_dir / layout.NEAR_TIES, ties.as_json())
     judging = Judging(scenario=scenario, run_dir=run_dir, results=results, compared=compared, ties=ties,
                       decode=lambda t: run.tokenizer.decode([t]), checks=run.checks,

@@ -23,6 +23,7 @@ from harness.core.points import COMPONENT, parse
 from harness.core.types import Result, TraceRequest, TraceResult
 from harness.executors import choice
 from harness.executors.engine_runs import Progress, run_engines
+from harness.plan.invariance_checks import Check
 from harness.plan.plans import engine_plan
 from harness.run.trace_passes import noise_floor_dtype, plan_passes, trace_request
 from harness.rundir.traces import Trace
@@ -32,15 +33,17 @@ NOISE = "@noise"  # plan-name suffix of the reference's noise pass
 
 
 def gather(scenario: LoadedScenario, run_dir: Path, results: dict[tuple[str, str], Result], parallel: int | None,
-           progress: Progress) -> TieEvidence:
-    """The noise of every diverged greedy case and the layer check of every near-tie (results: as compared)."""
+           progress: Progress, checks: list[Check] | None = None) -> TieEvidence:
+    """The noise of every diverged greedy case (an engine apart from the reference, or an invariance knob's variant
+    apart from its baseline: checks) and the layer check of every near-tie (results: as compared)."""
     spec, ref = scenario.spec, scenario.spec.reference
     if spec.sampling:
         return TieEvidence()
     searched = set(beam_cases(scenario))
     cases = [c.case_id for c in scenario.cases if c.case_id not in searched]
     diverged = sorted({case for case in cases for name in spec.engines if name != ref and _apart(results, ref, name,
-                                                                                              case)})
+                                                                                              case)}
+                      | (knobs_apart(checks or [], results) & set(cases)))
     if not diverged:
         return TieEvidence()
     high = noise_floor_dtype(spec.engines[ref].engine, spec.engine_dtype(ref))
@@ -52,6 +55,21 @@ def gather(scenario: LoadedScenario, run_dir: Path, results: dict[tuple[str, str
         ties = near_ties(scenario, results, evidence)
         evidence.layers = _layer_checks(scenario, run_dir, results, ties, high, parallel, progress)
     return evidence
+
+
+def knobs_apart(checks: list[Check], results: dict[tuple[str, str], Result]) -> set[str]:
+    """The cases where an invariance knob's variant generated other tokens than its baseline."""
+    found = set()
+    for check in checks:
+        if check.unsupported or check.sampled or check.control or check.baseline is None or check.variant is None:
+            continue
+        for a, b in zip(check.baseline.requests, check.variant.requests, strict=False):
+            one, other = results.get((check.baseline.config, a.case_id)), results.get((check.variant.config,
+                                                                                      b.case_id))
+            if one is not None and other is not None and one.status == other.status == "ok" and \
+                    one.token_ids != other.token_ids:
+                found.add(a.case_id.split("#", 1)[0])
+    return found
 
 
 def _apart(results: dict[tuple[str, str], Result], ref: str, name: str, case: str) -> bool:

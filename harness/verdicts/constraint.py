@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from harness.compare import constraint_rules
-from harness.compare.ending import STOP_STRING
+from harness.compare.ending import STOP_STRING, Ending
 from harness.compare.tie_noise import tie_bounds
 from harness.render import markdown
 from harness.render.console import console, print_table
@@ -30,6 +30,11 @@ def constraint_rows(rows: pd.DataFrame) -> list[list[str]]:
     return [[r.case_id, r.engine, r.verdict, markdown.yes_no(r.expected), markdown.yes_no(r.reference_satisfies),
              markdown.yes_no(r.engine_satisfies), markdown.step(r.masked_step), r.explanation]
             for r in rows.itertuples()]
+
+
+def _ended(ending: Ending | None) -> bool:
+    """Whether an answer's last token is what ended it (an EOS, a stop token, the token completing a stop string)."""
+    return ending is not None and (ending.last_id_ends or ending.how == STOP_STRING)
 
 
 class ConstraintVerdicts(VerdictFamily):
@@ -56,9 +61,10 @@ class ConstraintVerdicts(VerdictFamily):
                 ending = judging.endings.get((name, case.case_id))
                 stop = ending.stop.stop if ending and ending.how == STOP_STRING and ending.stop else ""
                 margins, bounds = tie_bounds([case.case_id], judging.ties, spec.engine_expectation(name).tie_margin)
+                ended = tuple(_ended(judging.endings.get((who, case.case_id))) for who in (reference, name))
                 fields = constraint_rules.judge(constraint, ref, result, result.applied("constraint"), judging.decode,
                                                 lambda ids: judging.decode_ids(ids, True), stop,
-                                                (float(margins[0]), float(bounds[0])), frozenset(judging.eos_ids))
+                                                (float(margins[0]), float(bounds[0])), ended)
                 rows.append({"case_id": case.case_id, "engine": name,
                              "expected": fields["verdict"] in constraint_rules.PASSING,
                              "constraint": constraint.described(), "text": result.text, "reference_text": ref.text,

@@ -16,10 +16,13 @@ from harness.compare.invariance_rules import (
     FAILING,
     UNMEASURED,
     InvarianceRow,
+    KnobNoise,
+    Noise,
     control_expected,
     judge_pair,
     judge_samples,
 )
+from harness.compare.tie_noise import TieEvidence
 from harness.core.types import Result
 from harness.plan.invariance_checks import WORDS, Check
 from harness.render import markdown
@@ -32,10 +35,10 @@ from harness.verdicts.family import Judged, Judging, VerdictFamily
 
 
 def judge_checks(scenario: LoadedScenario, checks: list[Check], results: dict[tuple[str, str], Result],
-                 decode) -> list[InvarianceRow]:
+                 decode, ties: TieEvidence | None = None) -> list[InvarianceRow]:
     settings = scenario.spec.invariance
     rows = []
-    noise = own_noise(scenario, checks, results)
+    noise = own_noise(scenario, checks, results, ties or TieEvidence())
     for check in checks:
         words = WORDS.get(check.knob, ("", ""))
         base = InvarianceRow(engine=check.engine, knob=check.knob, control=check.control, verdict="unsupported",
@@ -61,22 +64,25 @@ def judge_checks(scenario: LoadedScenario, checks: list[Check], results: dict[tu
     return rows
 
 
-def own_noise(scenario: LoadedScenario, checks: list[Check], results: dict[tuple[str, str], Result]) -> dict:
-    """Per engine, its drift measured apart from the knobs it is judged on: its repeat knob's largest chosen-token
-    |delta logprob| (the same requests twice), else the scenario's max_logprob_delta for it; absent: neither."""
-    found = {}
+def own_noise(scenario: LoadedScenario, checks: list[Check], results: dict[tuple[str, str], Result],
+              ties: TieEvidence) -> dict[str, KnobNoise]:
+    """Per engine, its noise measured apart from the knobs it is judged on: its repeat knob's largest chosen-token
+    |delta logprob| (the same requests twice), else the scenario's max_logprob_delta for it; and per case the
+    reference's own rounding noise, where the run's noise pass measured it (harness.run.tie_checks)."""
+    found: dict[str, Noise] = {}
     for check in checks:
         if check.knob != "repeat" or check.unsupported or check.sampled or check.control:
             continue
         sides = [[results.get((s.config, r.case_id)) for r in s.requests] for s in (check.baseline, check.variant)]
         if all(r is not None and r.status == "ok" for side in sides for r in side):
-            drift = compare(*sides)["max_abs_logprob_delta"].to_numpy(dtype=float)
-            found[check.engine] = (float(np.nanmax(drift, initial=0.0)), "its repeat knob's drift")
+            drift = float(np.nanmax(compare(*sides)["max_abs_logprob_delta"].to_numpy(dtype=float), initial=0.0))
+            found[check.engine] = (drift, drift, "its repeat knob's drift")
     for name in scenario.spec.engines:
         bound = scenario.spec.engine_expectation(name).max_logprob_delta
         if name not in found and bound is not None:
-            found[name] = (bound, "the scenario's max_logprob_delta")
-    return found
+            found[name] = (bound, bound, "the scenario's max_logprob_delta")
+    cases = {case: (n.margin, n.chosen, n.words().removeprefix("twice ")) for case, n in ties.noise.items()}
+    return {name: KnobNoise(found.get(name, UNMEASURED.default), cases) for name in scenario.spec.engines}
 
 
 def _failed_configuration(check: Check, sides: list[list[Result]]) -> str:
@@ -149,7 +155,7 @@ class InvarianceVerdicts(VerdictFamily):
     per_case = False
 
     def judge(self, judging: Judging) -> Judged:
-        rows = judge_checks(judging.scenario, judging.checks, judging.results, judging.decode)
+        rows = judge_checks(judging.scenario, judging.checks, judging.results, judging.decode, judging.ties)
         return Judged(pd.DataFrame([row.model_dump() for row in rows]))
 
     def summary_lines(self, rows: pd.DataFrame) -> list[str]:

@@ -23,14 +23,15 @@ def result(engine: str, ids: list[int], finish: str = "stop") -> Result:
 
 def judge(reference: Result, engine: Result, constraint: Constraint = SCHEMA, applied: bool = True, **kw) -> dict:
     return constraint_rules.judge(constraint, reference, engine, applied, lambda t: VOCAB[t],
-                                  lambda ids: "".join(VOCAB[i] for i in ids if i != 11), ends=frozenset({11}), **kw)
+                                  lambda ids: "".join(VOCAB[i] for i in ids if i != 11), **kw)
 
 
 def test_a_satisfying_reference_must_be_followed_up_to_its_answer() -> None:
     reference = result("hf", [1, 2, 3, 4, 5, 6])  # its answer, then the newline it stopped at
-    same = judge(reference, result("vllm", [1, 2, 3, 4, 5, 11]))  # the schema complete, then EOS
+    same = judge(reference, result("vllm", [1, 2, 3, 4, 5, 11]), ended=(True, True))  # the schema, then the newline
+    # the reference stopped at and EOS ended the engine's answer
     assert same["verdict"] == "unchanged" and same["reference_satisfies"]
-    changed = judge(reference, result("vllm", [1, 2, 3, 8, 5, 11]))
+    changed = judge(reference, result("vllm", [1, 2, 3, 8, 5, 11]), ended=(True, True))
     assert changed["verdict"] == "changed" and changed["masked_step"] == 3
     assert "the reference chose ' 1', the engine ' 2': the constraint masked a token it allows" in \
         changed["explanation"]
@@ -40,7 +41,8 @@ def test_a_change_after_the_first_satisfying_tokens_is_a_change() -> None:
     """The reference's shortest satisfying prefix is one token of a choice, a regex or a number: a masking defect
     after it must still be seen, so the engine's whole answer is held against the reference's tokens."""
     reference = result("hf", [1, 2, 3, 4, 5, 6])
-    later = judge(reference, result("vllm", [1, 2, 3, 4, 5, 8, 11]))
+    reference = result("hf", [1, 2, 3, 4, 5, 9, 6])  # more of an answer after its first satisfying tokens
+    later = judge(reference, result("vllm", [1, 2, 3, 4, 5, 8, 11]), ended=(True, True))
     assert later["verdict"] == "changed" and later["masked_step"] == 5
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from harness.compare.invariance_rules import InvarianceRow, control_expected, judge_pair, judge_samples
+from harness.compare.invariance_rules import InvarianceRow, KnobNoise, control_expected, judge_pair, judge_samples
 from harness.core.types import Result
 from harness.plan.invariance_checks import _config_name
 from harness.scenario.spec import load
@@ -40,7 +40,7 @@ def test_equal_tokens_with_moved_logprobs_is_tokens_identical_with_the_drift() -
 def test_a_flip_within_the_drift_is_a_near_tie_and_beyond_it_a_real_difference() -> None:
     flipped = result("a", [5, 8, 7], [-0.1005, -0.703, -0.2], [[5, 9], [8, 6], [7, 3]],
                      [[-0.1005, -3], [-0.703, -0.704], [-0.2, -3]])
-    repeat = (0.0005, "its repeat knob's drift")  # the engine's own noise, measured apart from the knob
+    repeat = KnobNoise((0.0005, 0.0005, "its repeat knob's drift"))  # the engine's own noise, apart from the knob
     near = judge_pair(BASE, [flipped, BASE[1]], str, repeat)
     assert near["verdict"] == "diverged" and near["first_divergence"] == 1 and near["case_id"] == "a"
     assert near["near_tie"] and "a near-tie flip" in near["explanation"]  # margin 0.0008 within 2 x 0.0005
@@ -58,7 +58,7 @@ def test_a_variants_own_drift_never_widens_its_near_tie_band() -> None:
     unmeasured = judge_pair(BASE, [flipped, stale[1]], str)
     assert unmeasured["verdict"] == "diverged" and "a real difference" in unmeasured["explanation"]
     assert "no noise measured apart from the knob" in unmeasured["explanation"]
-    repeat = judge_pair(BASE, [flipped, stale[1]], str, (0.0005, "its repeat knob's drift"))
+    repeat = judge_pair(BASE, [flipped, stale[1]], str, KnobNoise((0.0005, 0.0005, "its repeat knob's drift")))
     assert "a real difference" in repeat["explanation"] and "but the variant drifts by 0.8" in repeat["explanation"]
 def test_a_real_difference_is_never_passed_for_the_words_in_its_explanation() -> None:
     """The explanation holds the case id: a prompt named with the words "near-tie" must not pass a divergence."""
@@ -213,3 +213,15 @@ params: {temperature: 0, max_new_tokens: 4}
     assert sides["prefix_cache"].variant.config == "b~prefix_caching=True"
     assert sorted(p.name for p in plans) == ["a", "b", "b~chunked_prefill=True,max_num_batched_tokens=32",
                                              "b~prefix_caching=True"]
+
+
+def test_a_cases_measured_rounding_noise_makes_its_band() -> None:
+    """Where the run's noise pass measured a case (the reference against itself in higher precision), that noise is
+    the case's band: a bfloat16 batching flip within it is a near-tie even where the engine repeats bitwise."""
+    flipped = result("a", [5, 8, 7], [-0.1005, -0.703, -0.2], [[5, 9], [8, 6], [7, 3]],
+                     [[-0.1005, -3], [-0.703, -0.704], [-0.2, -3]])
+    bitwise = KnobNoise((0.0, 0.0, "its repeat knob's drift"))
+    assert "a real difference" in judge_pair(BASE, [flipped, BASE[1]], str, bitwise)["explanation"]
+    measured = KnobNoise(bitwise.default, {"a": (0.3, 0.1, "the reference's own rounding noise on this case")})
+    near = judge_pair(BASE, [flipped, BASE[1]], str, measured)
+    assert near["near_tie"] and "the reference's own rounding noise on this case" in near["explanation"]
