@@ -68,8 +68,8 @@ class LayerCheck:
         if self.clean:
             return (f"layer by layer (each layer from the reference's input) no component leaves its noise floor, "
                     f"none above {100 * self.sensitivity:.3g}%")
-        return (f"not a near-tie: {in_words(self.point)} ({self.component}) leaves its noise floor, {self.ratio:.3g}x "
-                f"it (threshold {self.k:g}x), each layer started from the reference's input (`parity explain` "
+        return (f"not a near-tie: {in_words(self.point)} leaves its noise floor at {self.ratio:.3g}x it (threshold "
+                f"{self.k:g}x; {self.component}), each layer started from the reference's input (`parity explain` "
                 "says more)")
 
 

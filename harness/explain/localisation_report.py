@@ -18,7 +18,9 @@ def sparkline(values: list[float]) -> str:
     if not logs:
         return BLOCKS[0] * len(values)
     lo, hi = min(logs), max(logs)
-    span = hi - lo or 1.0
+    if hi == lo:  # one value above zero (a fault in one layer, every other bit for bit alike): it is the highest
+        lo = hi - 1.0
+    span = hi - lo
     out = []
     for v in values:
         if not math.isfinite(v):

@@ -117,8 +117,8 @@ def test_a_near_tie_the_layer_check_or_the_drift_rules_out_is_a_divergence(tmp_p
     faulty = TieEvidence(noise=noise, layers={("other", "a"): LayerCheck(
         clean=False, point="layers.15.mlp", component="MLP", ratio=2.9, k=2.0, sensitivity=0.03)})
     row = verdict(tmp_path, ref, close, faulty, expect="benign_ties")
-    assert row.verdict == "diverged" and "not a near-tie: layer 15 mlp (MLP) leaves its noise floor, 2.9x it" in \
-        row.explanation
+    assert row.verdict == "diverged" and "not a near-tie: layer 15 mlp leaves its noise floor at 2.9x it (threshold " \
+        "2x; MLP)" in row.explanation
     clean = TieEvidence(noise=noise, layers={("other", "a"): LayerCheck(clean=True, k=2.0, sensitivity=0.031)})
     row = verdict(tmp_path, ref, close, clean, expect="benign_ties")
     assert row.verdict == "benign_tie" and "no component leaves its noise floor, none above 3.1%" in row.explanation
