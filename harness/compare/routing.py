@@ -6,7 +6,8 @@ relative L2. Where the sets differ, the reading at the first such (layer, positi
 - near_tie_flip: both engines' margins between the last chosen and the first unchosen expert are positive (each chose
   what its own scores rank first) and within what the router logits' measured difference there can reorder (2x
   their largest difference), the logits within the noise floor: benign;
-- router: the router logits there already differ beyond the noise floor (the choice follows them);
+- router: the router logits there already differ beyond the noise floor, the router point out of its floor (the
+  choice follows them);
 - routing_rule: the router logits agree within the floor and the margin is wide, or an engine's own scores rank an
   unchosen expert above a chosen one (a negative margin: its rule is not the ranking): the routing rules differ.
 Where every set agrees: weighting (a chosen expert's weight differs beyond k x the weights' own floor, the largest
@@ -116,7 +117,11 @@ def classify(compared: pd.DataFrame, errors: pd.DataFrame, points: pd.DataFrame,
                                                                                                           np.inf)
     ref_margin, engine_margin = out["ref_margin"].to_numpy(), out["engine_margin"].to_numpy()
     margin = np.fmin(ref_margin, engine_margin)
-    apart = np.nan_to_num(rel, nan=0.0) > np.nan_to_num(threshold, nan=np.inf)
+    # apart: the router logits left their floor (the point, judged over its blocks) and are beyond its threshold at
+    # this position; one position's rounding above a block's threshold is not the router being apart
+    router_out = by_point["leaves_floor"].reindex(names).fillna(False).to_numpy(dtype=bool) \
+        if "leaves_floor" in by_point else np.ones(len(out), dtype=bool)
+    apart = router_out & (np.nan_to_num(rel, nan=0.0) > np.nan_to_num(threshold, nan=np.inf))
     # a tie: both margins at least 0 (a negative one: an engine chose against its own ranking, never a tie) and
     # within what the router logits' difference can reorder
     tie = (margin >= 0) & (margin <= TIE_BAND * np.nan_to_num(diff, nan=0.0))

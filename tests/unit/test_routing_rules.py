@@ -112,3 +112,17 @@ def test_weights_are_judged_against_the_weights_own_floor() -> None:
     assert list(judged["kind"]) == ["same"]  # 0.02 is inside 10 x 0.01
     unfloored = routing.classify(routing.compare_routes(reference, other), errors([0.0], [0.0]), POINTS, k=10)
     assert list(unfloored["kind"]) == ["weighting"]
+
+
+def test_router_logits_are_apart_only_where_the_router_point_left_its_floor() -> None:
+    """One position's router rounding above the point's (block-level) threshold is not the router being apart: a
+    bfloat16 flip with both margins at a tie (0.002 and 0) stays a near-tie flip while the router point as a whole
+    is inside its floor (tiny-qwen3_moe, layer 1, read 'router' and out of its floor before)."""
+    reference = table([[1, 2]], [[0.6, 0.4]], [0.002])
+    other = table([[1, 3]], [[0.6, 0.4]], [0.0])
+    inside = POINTS.assign(leaves_floor=False)
+    found = routing.classify(routing.compare_routes(reference, other), errors([0.05], [0.02]), inside, k=2)
+    assert list(found["kind"]) == ["near_tie_flip"]
+    out = POINTS.assign(leaves_floor=True)
+    found = routing.classify(routing.compare_routes(reference, other), errors([0.05], [0.02]), out, k=2)
+    assert list(found["kind"]) == ["router"]
