@@ -150,10 +150,13 @@ class TieReading:
                 f"{row.ref_top2_margin:.3g} <= tie margin {row.tie_margin:.3g} nats ({self._source(row)}){tied}; "
                 + (f"{check.words()}; " if check else "") + "each side's token is in the other's top-k")
 
-    def not_benign(self, row) -> str:
-        """Why a divergence the engine made by taking the reference's runner-up is not a near-tie ('' for any
-        other divergence)."""
+    def not_benign(self, row, other_causes: bool = False) -> str:
+        """Why a divergence the engine made by taking the reference's runner-up is not a near-tie ('' for any other
+        divergence, and for one whose margin is simply beyond the tie margin where other causes are named: the
+        sentence would only crowd them)."""
         if not getattr(row, "tie_candidate", False):
+            return ""
+        if other_causes and not row.ref_top2_margin <= row.tie_margin:
             return ""
         check = self.evidence.layers.get((row.engine, row.case_id))
         if check is not None and not check.clean:
@@ -191,8 +194,8 @@ def _explain(row, ref: Result, other: Result, ref_params, other_params, decode: 
             stops = {k: v for k, v in given.items() if k in ENDING_PARAMS}
             return "; ".join([*ended, head, *filter(None, [explain_differences(stops)]), *notes])
         picked = _picked_after_logits(row.first_divergence, [ref, other], off, decode)
-        causes = [c for c in (ties.not_benign(row), explain_differences(given), effective_note(ref, other, set(given)),
-                              picked) if c]
+        others = [c for c in (explain_differences(given), effective_note(ref, other, set(given)), picked) if c]
+        causes = [c for c in (ties.not_benign(row, bool(others)), *others) if c]
         text = "; ".join([head, *_with_prompt_reading(row.first_divergence, other, causes, bool(picked))])
     return "; ".join([text] + notes)
 

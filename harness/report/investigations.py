@@ -35,11 +35,13 @@ def _explain_section(page: Page) -> str:
         out.append(f"<div class='case'><h3>{esc(loc.case_id)}: {esc(loc.engine)} vs {esc(loc.reference)}: "
                    f"{esc(loc.cause)}</h3><p>{esc(loc.verdict)}</p>")
         if loc.curve:
-            layers = [c.layer for c in loc.curve]
+            layers, k = [c.layer for c in loc.curve], loc.k or data.k
+            title = ("what each layer adds to the residual stream (relative error, worst block)" if loc.forced else
+                     "residual stream after each layer: relative error (worst position)")
             out.append(svg_plot({"error": (layers, [c.error for c in loc.curve]),
                                  "noise floor": (layers, [c.floor for c in loc.curve]),
-                                 f"threshold ({data.k:g}x the floor)": (layers, [data.k * c.floor for c in loc.curve])},
-                                "residual stream after each layer: relative error (worst position)", xlabel="layer"))
+                                 f"threshold ({k:g}x the floor)": (layers, [k * c.floor for c in loc.curve])},
+                                title, xlabel="layer"))
         if loc.routing:
             out.append(_routing_view(loc.routing))
         out.append("</div>")

@@ -88,7 +88,7 @@ def test_explain_leaves_traces_and_error_tables(planted: ParityRun) -> None:
     report = parity("report", str(planted.run_dir))
     html = (planted.run_dir / "report.html").read_text()
     assert report.code == 0 and "id='explain'" in html and "layer 7 v leaves the noise floor first" in html
-    assert "residual stream after each layer" in html and "id='effective'" in html
+    assert "what each layer adds to the residual stream" in html and "id='effective'" in html
 
 
 def test_explain_keeps_the_logits_and_the_first_divergent_layers_rows_and_loads_each_model_once(
