@@ -60,6 +60,7 @@ def compare(reference: list[Result], other: list[Result]) -> pd.DataFrame:
     ref_top_ids = _pad_top([r.top_ids for r in reference], width, k, PAD, np.int64)
     oth_top_ids = _pad_top([r.top_ids for r in other], width, k, PAD, np.int64)
     ref_top_lp = _pad_top([r.top_logprobs for r in reference], width, k, np.nan, np.float64)
+    oth_top_lp = _pad_top([r.top_logprobs for r in other], width, k, np.nan, np.float64)
 
     mismatch = ref_ids != oth_ids
     diverged = mismatch.any(axis=1)
@@ -82,6 +83,12 @@ def compare(reference: list[Result], other: list[Result]) -> pd.DataFrame:
     at_oth = ref_top == oth_tok[:, None]
     oth_ref_lp = np.where(at_oth, ref_top_lp[rows, step], -np.inf).max(axis=1)  # -inf: not in the reference's top-k
     runner_up = oth_in_ref_top & (oth_ref_lp >= (ref_top_lp[rows, step, 1] if k > 1 else np.inf))
+    # a divergence at the first step shares no step: the drift is read at that step instead, on the reference's token
+    # where the engine's top-k holds it (else it stays unmeasured, NaN)
+    ref_tok_lp = np.where(oth_top == ref_tok[:, None], oth_top_lp[rows, step], np.nan)
+    with np.errstate(all="ignore"):
+        at_step = np.abs(ref_lp[rows, step] - np.nanmax(np.where(np.isnan(ref_tok_lp), -np.inf, ref_tok_lp), axis=1))
+    max_delta = np.where(diverged & (counts == 0) & np.isfinite(at_step), at_step, max_delta)
     verdict = np.where(diverged, "diverged", "match").astype(object)
     frame = pd.DataFrame({
         "case_id": [r.case_id for r in reference], "engine": [r.engine for r in other],

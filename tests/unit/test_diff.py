@@ -82,3 +82,15 @@ def test_a_runner_up_within_the_margin_is_no_tie_when_the_pair_drifts_beyond_the
     assert apply_ties(frame.copy(), 0.05, drift_bound=0.01).iloc[0].verdict == "diverged"
     assert apply_ties(frame.copy(), 0.05, drift_bound=0.5).iloc[0].verdict == "benign_tie"
     assert apply_ties(frame.copy(), 0.05, drift_bound=0.5, checked=np.array([False])).iloc[0].verdict == "diverged"
+
+
+def test_a_first_step_divergence_reads_its_drift_at_that_step() -> None:
+    """No step is shared before a step-0 divergence: the drift is the reference's token's logprob there, the
+    reference's against the engine's (where the engine's top-k holds it), never a NaN that passes every bound."""
+    flipped = result("x", [9, 6, 7], [-1.9, -0.7, -0.2], [[9, 5], [6, 8], [7, 3]], [[-1.9, -2.3], [-0.7, -0.72],
+                                                                                    [-0.2, -3]])
+    row = compare([REF], [flipped]).iloc[0]
+    assert row.first_divergence == 0 and np.isclose(row.max_abs_logprob_delta, 2.2)  # -0.1 against -2.3
+    elsewhere = result("x", [4, 6, 7], [-0.1, -0.7, -0.2], [[4, 3], [6, 8], [7, 3]], [[-0.1, -2], [-0.7, -0.72],
+                                                                                   [-0.2, -3]])
+    assert np.isnan(compare([REF], [elsewhere]).iloc[0].max_abs_logprob_delta)

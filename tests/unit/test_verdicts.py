@@ -234,3 +234,12 @@ def test_an_engine_that_went_past_its_stop_string_leads_with_that_and_no_unrelat
     assert explanation.startswith("other: generated 2 tokens past the stop string 'six'; diverged at step 2: the "
                                   "reference ended there"), explanation
     assert "effective params" not in explanation and "repetition_penalty" not in explanation
+
+
+def test_max_logprob_delta_does_not_pass_a_divergence_it_could_not_read(tmp_path: Path) -> None:
+    """A first-step divergence where the engine's top-k lacks the reference's token has no drift to hold against
+    max_logprob_delta: the bound fails rather than passing unread (any tokens allowed)."""
+    other = result("other", [9, 6, EOS], [-0.2, -0.5, -0.2], [[9, 7], [6, 8], [EOS, 7]],
+                   [[-0.2, -3], [-0.5, -1.5], [-0.2, -3]], finish="stop")
+    row = verdict(tmp_path, REF, other, expect="any, max_logprob_delta: 0.5")
+    assert row.verdict == "diverged" and row.max_abs_logprob_delta is None and not row.expected
