@@ -299,8 +299,9 @@ class GraphTracer:
         inputs_from: the reference's trace each layer starts from (a layer-forced pass: adapters.tracing.forcing)."""
         import torch
 
-        if self.unavailable and (points is None or set(points) - {"logits"} or inputs_from):
+        if self.unavailable and (points is None or set(points) - {"logits"}):
             raise RuntimeError(self.unavailable)
+        inputs_from = inputs_from if self.map else None  # no graph map: its layers run free (its logits compared)
         lc = self.llama_cpp
         lc.llama_memory_clear(lc.llama_get_memory(self.ctx), True)
         self.writer, self.done, self.positions, self.error = writer, set(), len(token_ids), ""
@@ -363,10 +364,10 @@ def run_graph_traces(engine_name: str, tracer: GraphTracer, requests: list[Trace
             writer.discard()
             raise
         about = {**metadata, "arch": tracer.map.name if tracer.map else "", "case_id": request.case_id,
-                 "forced": str(request.inputs_from is not None).lower()}
+                 "forced": str(request.inputs_from is not None and tracer.map is not None).lower()}
         points = writer.close({**about, "fused": "", "prompt_len": str(request.prompt_len),
                                "logits_from": str(logits_from)})
         routes = tracer.write_routes(path, about)
         result = trace_result(engine_name, request, path, points, writer, started, routes)
-        result.forced = request.inputs_from is not None
+        result.forced = request.inputs_from is not None and tracer.map is not None
         yield result

@@ -22,7 +22,8 @@ from harness.core.types import Result
 from harness.core.vocabulary import Constraint
 
 PASSING = {"unchanged", "steered", "not_applied"}
-Ties = tuple[float, float]  # a case's tie margin and drift bound (harness.compare.tie_noise.tie_bounds)
+Ties = tuple[float, float, bool]  # a case's tie margin and drift bound (harness.compare.tie_noise.tie_bounds), and
+# whether its layer check (if any) found no component out of its floor
 
 
 def satisfies(constraint: Constraint, text: str) -> tuple[bool, str]:
@@ -75,8 +76,8 @@ def judge(constraint: Constraint, reference: Result, engine: Result, applied: bo
         whole = max(length, min(answers))
         reference, engine = _first(reference, whole), _first(engine, whole)
     frame = compare([reference], [engine])
-    margin, bound = ties if ties is not None else (0.0, float("inf"))
-    frame = apply_ties(frame, margin, bound)
+    margin, bound, checked = ties if ties is not None else (0.0, float("inf"), True)
+    frame = apply_ties(frame, margin, bound, checked)
     row = frame.iloc[0]
     step = int(row["first_divergence"]) if row["verdict"] != "match" else None
     moved = "" if step is None else (f" from step {step}: the reference chose {_token(decode, row['ref_token'])}, "

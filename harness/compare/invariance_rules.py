@@ -33,6 +33,7 @@ from pydantic import BaseModel
 from harness.compare import text_rules
 from harness.compare.diff import compare
 from harness.compare.sampling_parity import described, g_test, prefixes
+from harness.compare.tie_noise import BAND
 from harness.core.types import Result
 
 InvarianceVerdict = Literal["identical", "tokens_identical", "text_diverged", "diverged", "distribution_match",
@@ -143,7 +144,7 @@ def _judge_tokens(baseline: list[Result], variant: list[Result], decode: Callabl
     case = next(r for r in baseline if r.case_id == row["case_id"])
     gap = _gap(case, step, int(row["engine_token"]))
     margin, drifts, source = noise.of(row["case_id"])
-    tie, bound = 2.0 * margin, 2.0 * drifts
+    tie, bound = BAND * margin, BAND * drifts
     near_tie = gap is not None and 0.0 <= gap <= tie and drift <= bound
     if gap is None:
         where = "the variant's token is not in the baseline's top-k there"

@@ -49,7 +49,9 @@ def _rows(frame: pd.DataFrame, excluded: pd.DataFrame | None, experts: pd.DataFr
     """Each row of a per-position frame in its block (point, block, position, rel_l2, kept): blocks of BLOCK
     positions, numbered from 0; and, for a mixture of experts' block output (`moe` points), each expert's positions
     (those the reference routed to it) as a block of its own, numbered -1 - expert, so a fault in one expert is
-    judged where that expert acts. excluded: (layer, position) pairs whose points after the router are not judged."""
+    judged where that expert acts. excluded: (layer, position) pairs at which every point of that layer but its
+    router is not judged (the router logits are what a flip is read by; the points after them carry another
+    expert's output)."""
     frame = frame[["point", "layer", "position", "rel_l2"]]
     first = frame.groupby("point", sort=False)["position"].transform("min").to_numpy()
     last = frame.groupby("point", sort=False)["position"].transform("max").to_numpy()
@@ -102,17 +104,20 @@ def against_forced_floor(summary: pd.DataFrame, per_position: pd.DataFrame, floo
     the reference routed each position to (a mixture of experts)."""
     rule = RULES[dtype]
     engine = _blocks(per_position, excluded, experts)
+    engine = engine[engine["kept"] > 0]  # a block whose every position was left out is not judged
     if floor is not None and len(floor):
-        measured = _blocks(floor, floor_excluded, experts)[["point", "block", "rms"]].rename(columns={"rms": "floor"})
-        engine = engine.merge(measured, on=["point", "block"], how="left")
+        measured = _blocks(floor, floor_excluded, experts)
+        # a floor block whose every position the floor's own routing flipped: the point's median floor stands in
+        measured["rms"] = measured["rms"].fillna(measured.groupby("point")["rms"].transform("median"))
+        engine = engine.merge(measured[["point", "block", "rms"]].rename(columns={"rms": "floor"}),
+                              on=["point", "block"], how="left")
     else:
-        engine["floor"] = np.nan
+        engine = engine.assign(floor=np.nan)
     engine["floor"] = np.fmax(np.nan_to_num(engine["floor"].to_numpy(dtype=float), nan=0.0), rule.minimum)
     engine["threshold"] = k * engine["floor"]
-    with np.errstate(all="ignore"):
-        engine["ratio"] = engine["rms"] / engine["floor"]
-    engine["order"] = np.where(np.isnan(engine["ratio"]), np.inf, engine["ratio"])  # a non-finite block first
-    worst = engine.sort_values(["point", "order"], ascending=[True, False]).groupby("point", sort=False).head(1)
+    with np.errstate(all="ignore"):  # a non-finite error (inf/NaN in a capture) is as far out as it gets
+        engine["ratio"] = np.where(np.isfinite(engine["rms"]), engine["rms"] / engine["floor"], np.inf)
+    worst = engine.sort_values(["point", "ratio"], ascending=[True, False]).groupby("point", sort=False).head(1)
     worst = worst.set_index("point")
     reach = engine.groupby("point")["threshold"].max()
     left_out = engine.groupby("point")["left_out"].sum()

@@ -63,8 +63,10 @@ class LayerCheck:
     unchecked: str = ""  # why no layer check (an engine that cannot be traced, a failed pass)
 
     def words(self) -> str:
-        if self.unchecked:
+        if self.unchecked and self.clean:
             return f"not checked layer by layer ({self.unchecked})"
+        if self.unchecked:
+            return f"not a near-tie as far as can be told: its layer check could not run ({self.unchecked})"
         if self.clean:
             return (f"layer by layer (each layer from the reference's input) no component leaves its noise floor, "
                     f"none above {100 * self.sensitivity:.3g}%")
@@ -97,23 +99,29 @@ def measure(result: Result, logits: np.ndarray, dtype: str, high: str) -> CaseNo
     rows = logits[:steps].astype(np.float64)
     rows = rows - rows.max(axis=1, keepdims=True)
     high_lp = rows - np.log(np.exp(rows).sum(axis=1, keepdims=True))
-    width = min(len(ids) for ids in result.top_ids[:steps])
-    ids = np.array([ids[:width] for ids in result.top_ids[:steps]], dtype=np.int64)
-    own = np.array([values[:width] for values in result.top_logprobs[:steps]], dtype=np.float64)
-    moved = own - np.take_along_axis(high_lp, ids, axis=1)
-    chosen = np.abs(np.array(result.chosen_logprobs[:steps], dtype=np.float64) -
-                    high_lp[np.arange(steps), np.array(result.token_ids[:steps], dtype=np.int64)])
-    margin = float(np.nanmax(moved.max(axis=1) - moved.min(axis=1))) if width > 1 else 0.0
-    return CaseNoise(margin, float(np.nanmax(chosen)), steps, dtype, high)
+    margins, chosen = [], []
+    for step in range(steps):  # step by step: a step's top-k may be short (an implied EOS) or hold -inf
+        own = np.array(result.top_logprobs[step], dtype=np.float64)
+        moved = own - high_lp[step, np.array(result.top_ids[step], dtype=np.int64)]
+        moved = moved[np.isfinite(moved)]
+        if len(moved) > 1:
+            margins.append(moved.max() - moved.min())
+        drift = abs(result.chosen_logprobs[step] - high_lp[step, result.token_ids[step]])
+        if np.isfinite(drift):
+            chosen.append(drift)
+    return CaseNoise(float(max(margins, default=0.0)), float(max(chosen, default=0.0)), steps, dtype, high)
 
 
-def tie_bounds(case_ids, evidence: TieEvidence, scenario_margin: float | None) -> tuple[np.ndarray, np.ndarray]:
+def tie_bounds(case_ids, evidence: TieEvidence, scenario_margin: float | None,
+               scenario_drift: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per case: the tie margin (the scenario's `tie_margin`, else twice the measured margin noise; 0 where none was
-    measured: only exact ties) and the drift bound (twice the measured chosen-token noise; none where unmeasured)."""
+    measured: only exact ties) and the drift bound (twice the measured chosen-token noise; where unmeasured the
+    scenario's max_logprob_delta, else none)."""
     noise = [evidence.noise.get(case) for case in case_ids]
     margins = np.array([scenario_margin if scenario_margin is not None else n.tie_margin if n else 0.0
                         for n in noise], dtype=float)
-    bounds = np.array([n.drift_bound if n else np.inf for n in noise], dtype=float)
+    unmeasured = np.inf if scenario_drift is None else scenario_drift
+    bounds = np.array([n.drift_bound if n else unmeasured for n in noise], dtype=float)
     return margins, bounds
 
 

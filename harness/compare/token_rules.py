@@ -87,7 +87,8 @@ def judge(scenario: LoadedScenario, results: dict[tuple[str, str], Result], deco
         if ok.any():
             pick = np.flatnonzero(ok)
             compared = compare([refs[i] for i in pick], [others[i] for i in pick])
-            margins, bounds = tie_bounds(compared["case_id"], ties, expectation.tie_margin)
+            margins, bounds = tie_bounds(compared["case_id"], ties, expectation.tie_margin,
+                                         expectation.max_logprob_delta)
             checks = [ties.layers.get((engine, case)) for case in compared["case_id"]]
             parts.append(apply_ties(compared, margins, bounds, np.array([c is None or c.clean for c in checks])))
         if (~ok).any():

@@ -160,8 +160,8 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
                     f"({_fmt(row['floor'])}; threshold {k:g}x)")
         verdict = (f"{in_words(row['point'])} leaves the noise floor first (from position {since}): {measured}, "
                    f"{origin}. Candidate cause: {cause}. {step_note}.{said_after}")
-        benign = moe is not None and moe[0] == "near_tie_flip"
-        return Localisation(cause="near_tie" if benign else "component", verdict=verdict, **base)
+        # a point out of its floor is never benign: near-tie routing flips are left out of what is judged
+        return Localisation(cause="component", verdict=verdict, **base)
     worst = points.loc[points["ratio"].idxmax()]
     within = (f"every capture point stays below the threshold ({k:g}x the floor; largest: "
               f"{in_words(worst['point'])} at {_fmt(worst['ratio'])}x the floor)")

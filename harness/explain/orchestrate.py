@@ -20,7 +20,6 @@ from adapters import registry
 from harness import models
 from harness.compare.floors import (
     Floors,
-    compared_points,
     default_k,
     floor_words,
     judge_pass,
@@ -130,7 +129,7 @@ def explain_run(outcome: RunOutcome, case_ids: list[str] | None, k: float | None
         rope = length_dependent_rope(reference_folder)
         if rope and not interrupted:
             outcomes.update(_reread_lengths(outcome, found, requests, traceable, high, keep_traces, parallel,
-                                            progress, k, decode, rope))
+                                            progress, k, decode, rope, notes))
         if passes.scratch is not None and not interrupted:
             kept = keep_rows(scenario, run_dir, requests, traces, found.per_point, found.localisations,
                              passes.reference_trace, parallel, progress)
@@ -232,8 +231,8 @@ def _compare_all(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFrame
 
 
 def _reread_lengths(outcome: RunOutcome, found: Compared, requests: list[TraceRequest], traceable: list[str],
-                    high: str | None, keep_traces: bool, parallel: int, progress: Progress, k: float, decode,
-                    rope: str) -> dict:
+                    high: str | None, keep_traces: bool, parallel: int, progress: Progress, k: float | None, decode,
+                    rope: str, notes: list[str]) -> dict:
     """Trace each diverged case the full pass left unsettled again up to its divergent step, and read it
     (harness.explain.length_passes); returns the passes' outcomes, by plan name."""
     scenario, ref = outcome.scenario, outcome.scenario.spec.reference
@@ -242,7 +241,7 @@ def _reread_lengths(outcome: RunOutcome, found: Compared, requests: list[TraceRe
         return {}
     totals = {r.case_id: len(r.token_ids) for r in requests}
     passes = plan_passes(scenario, outcome.run_dir, list({r.case_id: r for r in wanted.values()}.values()),
-                         traceable, [], high, keep_traces, parallel)
+                         traceable, [], high, keep_traces, parallel, free_passes=False)
     try:
         outcomes, _ = run_engines(passes.plans, parallel, progress)
         traces = {(name, cid): result for name, o in outcomes.items() for cid, result in o.results.items()}
@@ -252,16 +251,15 @@ def _reread_lengths(outcome: RunOutcome, found: Compared, requests: list[TraceRe
             result = traces.get((loc.engine, request.case_id)) if request else None
             if request is None or _trace(ref_result) is None or _trace(result) is None:
                 continue
-            floors = case_floors(traces, passes, request.case_id, ref_result, Compared(), ref, [])
-            dtype = scenario.spec.engine_dtype(ref)
-            judged_k = default_k(dtype, result.forced, k)
-            frame, points = compared_points(result, ref_result, floors, dtype, judged_k)
-            found.per_position.append(frame.assign(case_id=request.case_id, engine=loc.engine, compared_to=ref))
-            found.per_point.append(points.assign(case_id=request.case_id, engine=loc.engine))
-            prefix = localise(points, case_id=loc.case_id, engine=loc.engine, reference=ref, prompt_equal=True,
-                              divergence=None, nonfinite={}, param_note="", k=judged_k, decode=decode,
-                              fused={ref: Trace(ref_result.path).fused, loc.engine: Trace(result.path).fused},
-                              forced=result.forced)
+            floors = case_floors(traces, passes, request.case_id, ref_result, Compared(), ref, notes)
+            judged = judge_pass(result, ref_result, floors, scenario.spec.engine_dtype(ref), k)
+            found.per_position.append(judged.frame.assign(case_id=request.case_id, engine=loc.engine,
+                                                          compared_to=ref))
+            found.per_point.append(judged.points.assign(case_id=request.case_id, engine=loc.engine))
+            prefix = localise(judged.points, case_id=loc.case_id, engine=loc.engine, reference=ref,
+                              prompt_equal=True, divergence=None, nonfinite={}, param_note="", k=judged.k,
+                              decode=decode, routing=judged.routing, forced=result.forced,
+                              fused={ref: Trace(ref_result.path).fused, loc.engine: Trace(result.path).fused})
             found.localisations[index] = reread(loc, prefix, len(request.token_ids), totals[loc.case_id], rope)
     finally:
         passes.remove_scratch()
@@ -361,6 +359,10 @@ def _explain_engine(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFr
     judged = judge_pass(result, ref_result, floors, spec.engine_dtype(ref), override_k)
     frame, points, routed, k = judged.frame, judged.points, judged.routing, judged.k
     free_trace = _trace(free) if free is not None else None
+    if result.forced and free_trace is None:
+        frame.attrs.setdefault("notes", []).append(
+            f"its free logits pass failed ({_error(free)}): the readings at the divergent step use the logits of its "
+            "forced pass, whose last layer started from the reference's")
     logits_trace = free_trace or trace
     if bool(ref_result.routes) != bool(result.routes):
         blind = name if ref_result.routes else ref

@@ -71,8 +71,7 @@ def finish(run: PendingRun, outcomes: dict[str, EngineOutcome], interrupted: boo
     write_parquet(run_dir / layout.STEPS, steps_frame(ordered))
     if any(r.beams for r in ordered):
         write_parquet(run_dir / layout.BEAMS, beams_frame(ordered))
-    ties = TieEvidence() if interrupted else tie_checks.gather(scenario, run_dir, {**results, **compared}, parallel,
-                                                               progress, run.checks)
+    ties = TieEvidence() if interrupted else _near_tie_evidence(run, {**results, **compared}, parallel, progress)
     write_json(run_dir / layout.NEAR_TIES, ties.as_json())
     judging = Judging(scenario=scenario, run_dir=run_dir, results=results, compared=compared, ties=ties,
                       decode=lambda t: run.tokenizer.decode([t]), checks=run.checks,
@@ -97,6 +96,16 @@ def finish(run: PendingRun, outcomes: dict[str, EngineOutcome], interrupted: boo
     write_meta(run_dir, meta)
     return RunOutcome(scenario, run_dir, tables, warnings, exit_code, interrupted, meta.effective_differences,
                       meta.skipped)
+
+
+def _near_tie_evidence(run: PendingRun, results: dict[tuple[str, str], Result], parallel: int | None,
+                       progress: Progress) -> TieEvidence:
+    """The noise and layer checks near-ties are read with (harness.run.tie_checks); where gathering them fails, the
+    run's verdicts are still written, reading only exact ties as near-ties, and say why."""
+    try:
+        return tie_checks.gather(run.scenario, run.run_dir, results, parallel, progress, run.checks)
+    except Exception as exc:  # its passes run engines: a failure there must not lose the results already written
+        return TieEvidence(unmeasured=f"the noise pass failed ({type(exc).__name__}: {exc}): only exact ties")
 
 
 def judge_families(judging: Judging) -> dict[str, pd.DataFrame]:

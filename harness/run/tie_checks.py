@@ -48,32 +48,37 @@ def gather(scenario: LoadedScenario, run_dir: Path, results: dict[tuple[str, str
         return TieEvidence()
     high = noise_floor_dtype(spec.engines[ref].engine, spec.engine_dtype(ref))
     if high is None:
-        return TieEvidence(unmeasured=f"{spec.engines[ref].engine} cannot run in higher precision, so no noise was "
-                                      "measured: only exact ties are near-ties")
+        evidence = TieEvidence(unmeasured=f"{spec.engines[ref].engine} cannot run in higher precision, so no noise "
+                                          "was measured: only exact ties are near-ties")
+        unchecked = LayerCheck(clean=True, unchecked="no noise floor: the reference cannot run in higher precision")
+        evidence.layers = dict.fromkeys(near_ties(scenario, results, evidence, diverged), unchecked)
+        return evidence
     with choice.kept_loaded([engine_plan(scenario, ref, run_dir, [], op="trace", compute_dtype=high).load_key]):
         evidence = TieEvidence(noise=_noise(scenario, run_dir, results, diverged, high, parallel, progress))
-        ties = near_ties(scenario, results, evidence)
+        missing = [c for c in diverged if c not in evidence.noise]
+        if missing:
+            evidence.unmeasured = f"the noise pass failed on {', '.join(missing)}: only exact ties are near-ties there"
+        ties = near_ties(scenario, results, evidence, diverged)
         evidence.layers = _layer_checks(scenario, run_dir, results, ties, high, parallel, progress)
     return evidence
 
 
 def knobs_apart(checks: list[Check], results: dict[tuple[str, str], Result]) -> set[str]:
     """The cases where an invariance knob's variant generated other tokens than its baseline."""
-    found = set()
-    for check in checks:
-        if check.unsupported or check.sampled or check.control or check.baseline is None or check.variant is None:
-            continue
-        for a, b in zip(check.baseline.requests, check.variant.requests, strict=False):
-            one, other = results.get((check.baseline.config, a.case_id)), results.get((check.variant.config,
-                                                                                      b.case_id))
-            if one is not None and other is not None and one.status == other.status == "ok" and \
-                    one.token_ids != other.token_ids:
-                found.add(a.case_id.split("#", 1)[0])
-    return found
+    return {a.case_id.split("#", 1)[0] for check in checks
+            if not (check.unsupported or check.sampled or check.control or check.baseline is None
+                    or check.variant is None)
+            for a, b in zip(check.baseline.requests, check.variant.requests, strict=False)
+            if _differ(results.get((check.baseline.config, a.case_id)), results.get((check.variant.config,
+                                                                                     b.case_id)))}
 
 
 def _apart(results: dict[tuple[str, str], Result], ref: str, name: str, case: str) -> bool:
-    a, b = results.get((ref, case)), results.get((name, case))
+    return _differ(results.get((ref, case)), results.get((name, case)))
+
+
+def _differ(a: Result | None, b: Result | None) -> bool:
+    """Both answered and their tokens differ."""
     return a is not None and b is not None and a.status == b.status == "ok" and a.token_ids != b.token_ids
 
 
@@ -94,20 +99,22 @@ def _noise(scenario: LoadedScenario, run_dir: Path, results: dict[tuple[str, str
     return noise
 
 
-def near_ties(scenario: LoadedScenario, results: dict[tuple[str, str], Result],
-              evidence: TieEvidence) -> list[tuple[str, str]]:
+def near_ties(scenario: LoadedScenario, results: dict[tuple[str, str], Result], evidence: TieEvidence,
+              cases: list[str]) -> list[tuple[str, str]]:
     """(engine, case) whose divergence reads as a near-tie against the measured noise (or the scenario's tie
-    margin), before any layer check."""
+    margin; an unmeasured case: an exact tie), before any layer check."""
     spec, ref = scenario.spec, scenario.spec.reference
     found = []
     for name in spec.engines:
         if name == ref:
             continue
-        pairs = [(results[(ref, c)], results[(name, c)]) for c in evidence.noise if _apart(results, ref, name, c)]
+        pairs = [(results[(ref, c)], results[(name, c)]) for c in cases if _apart(results, ref, name, c)]
         if not pairs:
             continue
         frame = compare([a for a, _ in pairs], [b for _, b in pairs])
-        margins, bounds = tie_bounds(frame["case_id"], evidence, spec.engine_expectation(name).tie_margin)
+        expectation = spec.engine_expectation(name)
+        margins, bounds = tie_bounds(frame["case_id"], evidence, expectation.tie_margin,
+                                     expectation.max_logprob_delta)
         within = frame["tie_candidate"] & (frame["ref_top2_margin"] <= margins) & ~(
             frame["max_abs_logprob_delta"] > bounds)
         found += [(name, case) for case in frame.loc[within.to_numpy(), "case_id"]]
@@ -121,11 +128,13 @@ def _layer_checks(scenario: LoadedScenario, run_dir: Path, results: dict[tuple[s
     spec, ref = scenario.spec, scenario.spec.reference
     checks: dict[tuple[str, str], LayerCheck] = {}
     traceable = {n for n in spec.engines if scenario.description(n).capabilities.traces}
+    local = choice.current().name == "local"  # a Ray cluster's workers may not see the reference's trace
     for name, case in ties:
-        if name not in traceable or ref not in traceable:
+        if name not in traceable or ref not in traceable or not local:
             who = name if name not in traceable else ref
-            checks[(name, case)] = LayerCheck(clean=True, unchecked=f"{spec.engines[who].engine} engines cannot be "
-                                                                     "traced")
+            why = f"{spec.engines[who].engine} engines cannot be traced" if local else \
+                "a Ray cluster's workers are not fed the reference's layer inputs"
+            checks[(name, case)] = LayerCheck(clean=True, unchecked=why)
     wanted = [(n, c) for n, c in ties if (n, c) not in checks]
     if not wanted:
         return checks
@@ -137,29 +146,34 @@ def _layer_checks(scenario: LoadedScenario, run_dir: Path, results: dict[tuple[s
         outcomes, _ = run_engines(passes.plans, parallel, progress)
         traces = {(name, cid): r for name, o in outcomes.items() for cid, r in o.results.items()}
         for name, case in wanted:
-            checks[(name, case)] = _check(traces, passes.floor_name, passes.free_floor_name, name, case,
-                                          spec.engine_dtype(ref), ref)
+            checks[(name, case)] = _check(traces, (passes.floor_name, passes.free_floor_name), name, case,
+                                          scenario)
     finally:
         passes.remove_scratch()
     return checks
 
 
-def _check(traces: dict, floor_name: str | None, free_floor_name: str | None, name: str, case: str, dtype: str,
-           ref: str) -> LayerCheck:
+def _check(traces: dict, floor_names: tuple[str | None, ...], name: str, case: str,
+           scenario: LoadedScenario) -> LayerCheck:
+    """One near-tie's layer check, as explain judges the pass (its k the scenario's where it sets one). A check that
+    could not run (a failed pass, no floor) excuses nothing: not clean."""
+    spec, ref = scenario.spec, scenario.spec.reference
     ref_result, result = traces.get((ref, case)), traces.get((name, case))
     for who, traced in ((ref, ref_result), (name, result)):
         if not (isinstance(traced, TraceResult) and traced.status == "ok"):
-            return LayerCheck(clean=True, unchecked=f"{who}'s traced pass failed: "
-                                                    f"{traced.error if traced is not None else 'not run'}")
-    floors, _, missing = read_floors(traces, (floor_name, free_floor_name), case, ref_result)
-    if missing and floors.forced is None and floors.free is None:
-        return LayerCheck(clean=True, unchecked=missing[0])
-    judged = judge_pass(result, ref_result, floors, dtype)
+            return LayerCheck(clean=False, unchecked=f"{who}'s traced pass failed: "
+                                                     f"{traced.error if traced is not None else 'not run'}")
+    floors, _, missing = read_floors(traces, floor_names, case, ref_result)
+    if floors.forced is None and floors.free is None:
+        return LayerCheck(clean=False, unchecked=missing[0] if missing else "no noise floor")
+    judged = judge_pass(result, ref_result, floors, spec.engine_dtype(ref), spec.explain.k)
     points = judged.points
     reach = float(points["sensitivity"].max()) if "sensitivity" in points else float("nan")
     out = points[points["leaves_floor"].to_numpy(dtype=bool)]
-    if out.empty:
+    if out.empty and not (ref_result.nonfinite or result.nonfinite):
         return LayerCheck(clean=True, k=judged.k, sensitivity=reach)
+    if out.empty:
+        return LayerCheck(clean=False, unchecked="an inf or NaN in a capture")
     first = out.iloc[0]
     return LayerCheck(clean=False, point=str(first["point"]), component=COMPONENT.get(parse(first["point"])[1], ""),
                       ratio=float(first["ratio"]), k=judged.k, sensitivity=reach)

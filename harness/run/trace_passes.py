@@ -68,6 +68,7 @@ def forced_engines(scenario: LoadedScenario, traceable: list[str]) -> list[str]:
     engine can, and its architecture map for the engine's model has per-layer taps. None unless the reference can
     (its trace holds the inputs the others are fed)."""
     from adapters.tracing.arch_maps import BUILTIN, arch_map
+    from adapters.tracing.forcing import LayerInputs
 
     def can(name: str) -> bool:
         description = scenario.description(name)
@@ -76,7 +77,7 @@ def forced_engines(scenario: LoadedScenario, traceable: list[str]) -> list[str]:
         if description.name not in BUILTIN:  # mapped by the engine itself (llama.cpp's graph maps)
             return True
         model_type = json.loads((scenario.engine(name).model_folder / "config.json").read_text()).get("model_type", "")
-        return not arch_map(description.name, model_type).logits_only
+        return not LayerInputs.possible(arch_map(description.name, model_type))
 
     able = [name for name in traceable if can(name)]
     return able if scenario.spec.reference in able else []

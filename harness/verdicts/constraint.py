@@ -60,11 +60,16 @@ class ConstraintVerdicts(VerdictFamily):
                     continue
                 ending = judging.endings.get((name, case.case_id))
                 stop = ending.stop.stop if ending and ending.how == STOP_STRING and ending.stop else ""
-                margins, bounds = tie_bounds([case.case_id], judging.ties, spec.engine_expectation(name).tie_margin)
-                ended = tuple(_ended(judging.endings.get((who, case.case_id))) for who in (reference, name))
+                expectation = spec.engine_expectation(name)
+                margins, bounds = tie_bounds([case.case_id], judging.ties, expectation.tie_margin,
+                                             expectation.max_logprob_delta)
+                check = judging.ties.layers.get((name, case.case_id))  # a component out of its floor: no tie
+                ended = (_ended(judging.endings.get((reference, case.case_id))),
+                         _ended(judging.endings.get((name, case.case_id))))
                 fields = constraint_rules.judge(constraint, ref, result, result.applied("constraint"), judging.decode,
                                                 lambda ids: judging.decode_ids(ids, True), stop,
-                                                (float(margins[0]), float(bounds[0])), ended)
+                                                (float(margins[0]), float(bounds[0]), check is None or check.clean),
+                                                ended)
                 rows.append({"case_id": case.case_id, "engine": name,
                              "expected": fields["verdict"] in constraint_rules.PASSING,
                              "constraint": constraint.described(), "text": result.text, "reference_text": ref.text,

@@ -97,3 +97,15 @@ def test_an_expert_fault_beside_a_near_tie_flip_in_its_layer_is_an_expert_kernel
                    fused={}, param_note="", k=2.0, decode=str, routing=kinds, forced=True)
     assert loc.cause == "component" and loc.out_of_floor["point"] == "layers.0.moe"
     assert "an expert kernel" in loc.verdict, loc.verdict
+
+
+def test_a_block_whose_every_position_was_left_out_hides_nothing() -> None:
+    """Expert 0's positions all near-tie flips (left out): its empty block is not judged, and a 2% fault at positions
+    32.. of the same point is still found (an empty block's NaN ratio was taken for the worst and read inside)."""
+    moe, floor = noise(0.005, 5), noise(0.005, 6)
+    moe[BLOCK:] = np.hypot(moe[BLOCK:], 0.02)
+    experts = pd.DataFrame({"layer": 0, "position": np.repeat(np.arange(POSITIONS), 2),
+                            "expert": np.array([[0, 1] if p < 4 else [2, 3] for p in range(POSITIONS)]).reshape(-1)})
+    flips = pd.DataFrame({"layer": 0, "position": np.arange(4)})
+    row = judged({"layers.0.moe": moe}, {"layers.0.moe": floor}, excluded=flips, experts=experts).iloc[0]
+    assert row["leaves_floor"] and row["left_out"] == 4 and np.isfinite(row["ratio"])
