@@ -26,6 +26,7 @@ from adapters.contract import (
 )
 from adapters.engines.vllm_lora import RULES as LORA_RULES
 from adapters.engines.vllm_lora import lora_kwargs, lora_request
+from adapters.engines.vllm_parsers import ParserOptions
 from adapters.engines.vllm_sockets import remove_socket_dir, socket_dir
 from adapters.engines.vllm_startup import lighten_vllm_startup
 from adapters.http.client import structured_outputs
@@ -36,7 +37,7 @@ from harness.core.vocabulary import SamplingParams
 from harness.models.catalog import cache_root
 
 
-class Options(InProcessOptions):
+class Options(InProcessOptions, ParserOptions):
     enforce_eager: bool = True  # eager start-up is ~4x faster on CPU, and forward hooks only fire in eager mode
     kv_cache_gib: float = Field(1.0, gt=0)
     max_model_len: int | None = Field(None, ge=16)  # None: what the run needs (its longest prompt + new tokens)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -21,13 +22,16 @@ from adapters.engines.vllm_offline import (
     speculative_not_applied,
 )
 from adapters.engines.vllm_offline import knobs as offline_knobs
+from adapters.engines.vllm_parsers import ParserOptions
+from adapters.engines.vllm_parsers import server_args as parser_args
 from adapters.engines.vllm_sockets import remove_socket_dir, socket_dir
 from harness.core.types import EngineSetup, Translation
 from harness.core.vocabulary import SamplingParams
 
 
-class Options(ServedOptions):
+class Options(ServedOptions, ParserOptions):
     _endpoint = endpoint_checked("vllm")
+    chat_template: str | None = None  # --chat-template FILE: another template than the model folder's
     enforce_eager: bool = True
     kv_cache_gib: float = Field(1.0, gt=0)
     max_model_len: int | None = Field(None, ge=16)  # None: what the run needs (its longest prompt + new tokens)
@@ -76,7 +80,9 @@ def command(setup: EngineSetup, port: int, options: Options) -> list[str]:
         cmd += ["--max-num-batched-tokens", str(options.max_num_batched_tokens)]
     if options.speculative:
         cmd += ["--speculative-config", json.dumps(options.speculative)]
-    return cmd + server_args(setup.lora) + options.extra_args
+    if options.chat_template:
+        cmd += ["--chat-template", str(Path(options.chat_template).resolve())]
+    return cmd + server_args(setup.lora) + parser_args(options) + options.extra_args
 
 
 class Engine(ServedEngine):

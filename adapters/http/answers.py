@@ -11,6 +11,8 @@ from adapters.http.token_ids import TokenResolver, TokenTable
 from harness.core.prompt_notes import CHAT_TEMPLATE, TOKENIZER, prompt_ids_unknown
 from harness.core.types import Request, Result, Translation
 
+UNSHOWN = ("prompt", "messages", "input_ids", "tools")  # request fields not kept as the engine's native params
+
 
 def to_result(name: str, request: Request, translation: Translation, body: dict[str, Any], completion: Completion,
               table: TokenTable, url: str, empty_token_id: int | None = None) -> Result:
@@ -51,5 +53,5 @@ def to_result(name: str, request: Request, translation: Translation, body: dict[
     return Result(case_id=request.case_id, engine=name, status="ok", prompt_ids=list(prompt_ids),
                   token_ids=known, text=completion.text, finish_reason=completion.finish_reason,
                   chosen_logprobs=[s.logprob for s in steps], top_ids=top_ids, top_logprobs=top_logprobs,
-                  native_params={k: v for k, v in body.items() if k not in ("prompt", "messages", "input_ids")},
-                  warnings=warnings, usage=completion.usage, deltas=completion.deltas)
+                  native_params={k: v for k, v in body.items() if k not in UNSHOWN},
+                  warnings=warnings, usage=completion.usage, deltas=completion.deltas, message=completion.message())

@@ -16,6 +16,7 @@ import httpx
 
 from adapters.http.dialects import Dialect
 from adapters.http.token_ids import TOKEN_ID_PREFIX
+from harness.core.agent_requests import wire_messages
 from harness.core.types import Request, Translation
 from harness.core.vocabulary import GREEDY_IRRELEVANT, NEUTRAL, OPENAI_FIELDS, PENALTIES, TRUNCATION, SamplingParams
 
@@ -42,6 +43,15 @@ class Completion:
     choices: list[Completion] = field(default_factory=list)  # each choice apart (beam search: one per beam)
     usage: dict[str, int] = field(default_factory=dict)  # the token counts the server reported
     deltas: list[str] = field(default_factory=list)  # a streamed answer's text, chunk by chunk
+    reasoning: str | None = None  # a chat answer's reasoning field (streamed: its deltas joined)
+    tool_calls: dict[int, dict[str, str]] = field(default_factory=dict)  # index -> name, arguments (deltas joined)
+
+    def message(self) -> dict[str, Any]:
+        """The answer as the server split it, where it split anything (reasoning or calls)."""
+        if self.reasoning is None and not self.tool_calls:
+            return {}
+        return {"content": self.text, "reasoning": self.reasoning,
+                "tool_calls": [self.tool_calls[i] for i in sorted(self.tool_calls)]}
 
 
 def translate(params: SamplingParams, dialect: Dialect, top_logprobs: int, endpoint: str,
@@ -118,6 +128,14 @@ def _parse_completions_choice(choice: dict[str, Any], out: Completion) -> None:
 def _parse_chat_choice(choice: dict[str, Any], out: Completion) -> None:
     message = choice.get("message") or choice.get("delta") or {}
     out.text += message.get("content") or ""
+    reasoning = message.get("reasoning", message.get("reasoning_content"))  # vLLM's field, then others' older one
+    if reasoning is not None:
+        out.reasoning = (out.reasoning or "") + reasoning
+    for position, call in enumerate(message.get("tool_calls") or []):
+        joined = out.tool_calls.setdefault(call.get("index", position), {"name": "", "arguments": ""})
+        function = call.get("function") or {}
+        joined["name"] += function.get("name") or ""
+        joined["arguments"] += function.get("arguments") or ""
     for entry in (choice.get("logprobs") or {}).get("content") or []:
         top = [(t["token"], t["logprob"]) for t in entry.get("top_logprobs") or []]
         out.steps.append(Step(entry["token"], entry["logprob"], top))
@@ -157,6 +175,18 @@ def parse_payload(payload: dict[str, Any], endpoint: str, out: Completion) -> No
         out.usage = {k: v for k, v in payload["usage"].items() if isinstance(v, int)}
 
 
+def agent_fields(request: Request) -> dict[str, Any]:
+    """What an agent sends beside its messages, where the scenario gives it."""
+    fields: dict[str, Any] = {}
+    if request.tools:
+        fields["tools"] = request.tools
+    if request.tool_choice is not None:
+        fields["tool_choice"] = request.tool_choice
+    if request.chat_template_kwargs:
+        fields["chat_template_kwargs"] = request.chat_template_kwargs
+    return fields
+
+
 def connection_pool() -> httpx.Client:
     """One pool for every request of an engine (thread-safe). A client per request cost 23 ms of CPU each (its SSL
     context), which the request threads took in turn under the interpreter lock: a wave of requests reached the
@@ -190,7 +220,9 @@ class Client:
         if stream and self.stream_usage:  # the token counts come in a last chunk of their own
             body["stream_options"] = {"include_usage": True}
         if self.endpoint == "chat":
-            body["messages"] = request.messages or [{"role": "user", "content": request.text or ""}]
+            body["messages"] = wire_messages(request.messages) if request.messages else \
+                [{"role": "user", "content": request.text or ""}]
+            body.update(agent_fields(request))
         else:
             body["prompt"] = prompt
         return body

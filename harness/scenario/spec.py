@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from adapters.contract import EngineDescription
+from harness.core.agent_requests import Message, Tool, ToolChoice, message_order_problem
 from harness.core.errors import ConfigError
 from harness.core.vocabulary import KNOBS, Constraint, SamplingParams
 from harness.scenario.lora_check import lora_problem
@@ -135,9 +136,11 @@ class EngineSpec(Strict):
 class PromptSpec(Strict):
     id: str | None = None
     text: str | None = None
-    messages: list[dict[str, str]] | None = None
+    messages: list[Message] | None = None
     token_ids: list[int] | None = None
     file: str | None = None
+    # the chat template's own switches for this prompt (enable_thinking: false), over the scenario's
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> PromptSpec:
@@ -172,6 +175,11 @@ class Scenario(Strict):
     # constrained output for every engine but the reference (which answers unconstrained): the constraint verdicts
     # judge those engines, and their token verdicts are informational (tokens: any) unless their expect says
     constraint: Constraint | None = None
+    # what agents send (harness.core.agent_requests): OpenAI function definitions every chat prompt offers, which
+    # one the model must call (unset: the API's default, auto where tools are given), the chat template's switches
+    tools: list[Tool] = Field(default_factory=list)
+    tool_choice: ToolChoice | None = None
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("engines")
     @classmethod
@@ -190,6 +198,32 @@ class Scenario(Strict):
         if unknown:
             raise ValueError(f"unknown param(s) {sorted(unknown)}; known: {sorted(SamplingParams.model_fields)}")
         return grid
+
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self) -> Scenario:
+        choice = self.tool_choice
+        if choice is None or isinstance(choice, str):
+            if choice in ("auto", "required") and not self.tools:
+                raise ValueError(f"tool_choice: {choice} but the scenario has no tools: add tools, or drop tool_choice")
+            return self
+        names = [t.function.name for t in self.tools]
+        if choice.function["name"] not in names:
+            raise ValueError(f"tool_choice names {choice.function['name']!r}, which is not among the tools "
+                             f"({', '.join(names) or 'none'}): name one of them")
+        return self
+
+    def tool_choice_value(self) -> str | dict[str, Any] | None:
+        """The tool choice as the chat API takes it."""
+        choice = self.tool_choice
+        return choice if choice is None or isinstance(choice, str) else choice.model_dump()
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """The tools as chat templates and servers take them (None: no tools)."""
+        return [t.model_dump(exclude_none=True) for t in self.tools] or None
+
+    def template_kwargs(self, prompt: PromptSpec) -> dict[str, Any]:
+        """The chat template's switches for a prompt: the scenario's, then the prompt's own."""
+        return {**self.chat_template_kwargs, **(prompt.chat_template_kwargs or {})}
 
     @model_validator(mode="after")
     def _invariance_engines_exist(self) -> Scenario:
@@ -322,7 +356,7 @@ class LoadedScenario:
                        resolved={n: r for n, r in self.resolved.items() if n in names})
 
 
-def _expand_file_prompts(source: YamlSource, index: int, prompt: PromptSpec) -> list[PromptSpec]:
+def _expand_file_prompts(source: YamlSource, spec: Scenario, index: int, prompt: PromptSpec) -> list[PromptSpec]:
     path = (source.path.parent / prompt.file).resolve()
     if not path.exists():
         raise source.error(("prompts", index, "file"), f"prompt file {path} does not exist: fix the path "
@@ -336,6 +370,10 @@ def _expand_file_prompts(source: YamlSource, index: int, prompt: PromptSpec) -> 
             record = PromptSpec(**json.loads(line))
         except (ValueError, TypeError) as exc:
             raise source.error(("prompts", index, "file"), f"{path.name} line {i + 1}: {exc}".splitlines()[0]) from None
+        problem = message_order_problem(record.messages, spec.tools) if record.messages is not None else None
+        if problem:
+            raise source.error(("prompts", index, "file"), f"{path.name} line {i + 1}: messages[{problem[0]}]: "
+                                                           f"{problem[1]}")
         prompts.append(record if record.id else record.model_copy(update={"id": f"{path.stem}-{i}"}))
     return prompts
 
@@ -345,9 +383,12 @@ def _prompts(source: YamlSource, spec: Scenario) -> list[PromptSpec]:
     for i, raw in enumerate(spec.prompts):
         prompt = PromptSpec(text=raw) if isinstance(raw, str) else raw
         if prompt.file is not None:
-            prompts.extend(_expand_file_prompts(source, i, prompt))
+            prompts.extend(_expand_file_prompts(source, spec, i, prompt))
         else:
             prompts.append(prompt if prompt.id else prompt.model_copy(update={"id": f"p{i}"}))
+        problem = message_order_problem(prompt.messages, spec.tools) if prompt.messages is not None else None
+        if problem:
+            raise source.error(("prompts", i, "messages", problem[0]), f"{problem[1]}")
     ids = [p.id for p in prompts]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:

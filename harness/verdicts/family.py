@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 # module:attribute of each built-in family, in the order they are judged and shown
-BUILTIN = ["harness.verdicts.tokens:FAMILY", "harness.verdicts.text:FAMILY", "harness.verdicts.constraint:FAMILY",
+BUILTIN = ["harness.verdicts.tokens:FAMILY", "harness.verdicts.text:FAMILY", "harness.verdicts.tools:FAMILY",
+           "harness.verdicts.constraint:FAMILY",
            "harness.verdicts.invariance:FAMILY", "harness.verdicts.drift:FAMILY"]
 COMMON_COLUMNS = {"case_id": "str", "engine": "str", "expected": "bool", "explanation": "str"}
 

@@ -81,8 +81,8 @@ FAMILY = TextVerdicts()
 def _judge(judging: Judging, case: Case, result: Result | None) -> dict | None:
     """One engine's answer to one case read against its ids; None where there is no single text to read (an error,
     samples, beams)."""
-    if result is None or result.status != "ok" or result.samples or result.beams:
-        return None
+    if result is None or result.status != "ok" or result.samples or result.beams or result.message:
+        return None  # a chat answer its server split (content, reasoning, calls): the tools verdicts read it
     if not judging.scenario.description(result.engine).capabilities.text:
         return None  # an engine that returns ids only: no text to read
     params = case.engine_params[result.engine]

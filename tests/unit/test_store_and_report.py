@@ -132,7 +132,8 @@ def test_a_text_or_constraint_finding_fails_the_gate_like_a_token_verdict(run_di
     assert gated[("other", "a")] == ["out of expectation: changed: the constraint masked a token"]
     assert not gated[("ref", "b")] and not gated[("other", "b")]
     per_case = [family.name for family in families() if family.per_case]
-    assert per_case == ["tokens", "text", "constraint", "drift"]  # what `parity gate` reads a case's verdicts from
+    # what `parity gate` reads a case's verdicts from
+    assert per_case == ["tokens", "text", "tools", "constraint", "drift"]
 
 
 @pytest.mark.parametrize("damage, words", [

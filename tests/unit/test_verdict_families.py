@@ -143,7 +143,8 @@ def test_a_family_from_an_installed_package_joins_and_a_broken_one_is_set_aside(
     monkeypatch.syspath_prepend(str(site))
     registry = type(FAMILIES)(VerdictFamily, FAMILIES.builtin_paths, FAMILIES.group, FAMILIES.name_of,
                               FAMILIES.check)
-    assert [f.name for f in registry.all()] == ["tokens", "text", "constraint", "invariance", "drift", "length"]
+    assert [f.name for f in registry.all()] == ["tokens", "text", "tools", "constraint", "invariance", "drift",
+                                                "length"]
     [problem] = registry.problems()
     assert "broken (parity_length_family:NOT_A_FAMILY): it is a int, not a VerdictFamily" in problem
     assert "parity_length_family" in sys.modules
