@@ -152,11 +152,15 @@ def chunkings(ids: list[int], seeds: int = 3) -> dict[str, list[list[int]]]:
 
 def split_differences(parsing: Parsing, text: str, ids: list[int], prompt_ids: list[int],
                       compare: Callable[[Split, Split], str | None]) -> dict[str, str]:
-    """Each chunking whose streamed split differs from the unstreamed one -> how (compare's words)."""
+    """Each chunking whose streamed split differs from the unstreamed one -> how (compare's words, or the error the
+    parser raised)."""
     whole = parsing.whole(text, ids, prompt_ids)
     found = {}
     for way, chunks in chunkings(ids).items():
-        difference = compare(whole, parsing.streamed(chunks, prompt_ids))
+        try:
+            difference = compare(whole, parsing.streamed(chunks, prompt_ids))
+        except Exception as exc:  # a parser's own bug, raised on these chunks: a finding, not a crash of the run
+            difference = f"the parser raised {type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
         if difference:
             found[way] = difference
     return found

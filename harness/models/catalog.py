@@ -225,8 +225,13 @@ def _tiny_builder(family: TinyFamily) -> Callable[[Path], None]:
     return build_family
 
 
+def agent_tokenizer():
+    """tiny-agent's tokenizer (SmolLM2's with the think and tool tokens, its chat template), without the model."""
+    return agent.tokenizer_with_agent_tokens(_smollm2_tokenizer())
+
+
 def _build_tiny_agent(out_dir: Path) -> None:
-    tokenizer = agent.tokenizer_with_agent_tokens(_smollm2_tokenizer())
+    tokenizer = agent_tokenizer()
     _save_variants(agent.build(tokenizer), tokenizer, out_dir)
 
 

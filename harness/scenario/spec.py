@@ -199,19 +199,6 @@ class Scenario(Strict):
             raise ValueError(f"unknown param(s) {sorted(unknown)}; known: {sorted(SamplingParams.model_fields)}")
         return grid
 
-    @model_validator(mode="after")
-    def _tool_choice_names_a_tool(self) -> Scenario:
-        choice = self.tool_choice
-        if choice is None or isinstance(choice, str):
-            if choice in ("auto", "required") and not self.tools:
-                raise ValueError(f"tool_choice: {choice} but the scenario has no tools: add tools, or drop tool_choice")
-            return self
-        names = [t.function.name for t in self.tools]
-        if choice.function["name"] not in names:
-            raise ValueError(f"tool_choice names {choice.function['name']!r}, which is not among the tools "
-                             f"({', '.join(names) or 'none'}): name one of them")
-        return self
-
     def tool_choice_value(self) -> str | dict[str, Any] | None:
         """The tool choice as the chat API takes it."""
         choice = self.tool_choice
@@ -413,6 +400,37 @@ def _check_model(source: YamlSource, spec: Scenario) -> None:
             raise source.error(("engines", name, "model"), problem)
 
 
+def _tool_choice_names_a_tool(source: YamlSource, spec: Scenario) -> None:
+    choice = spec.tool_choice
+    if choice is None or isinstance(choice, str):
+        if choice in ("auto", "required") and not spec.tools:
+            raise source.error(("tool_choice",), f"{choice} but the scenario has no tools: add tools, or drop "
+                                                 "tool_choice")
+        return
+    names = [t.function.name for t in spec.tools]
+    if choice.function["name"] not in names:
+        raise source.error(("tool_choice", "function", "name"), f"{choice.function['name']!r} is not among the tools "
+                                                                f"({', '.join(names) or 'none'}): name one of them")
+
+
+FILE_OPTIONS = ("tool_parser_plugin", "reasoning_parser_plugin", "chat_template")  # engine options naming a file
+
+
+def _option_files_found(source: YamlSource, spec: Scenario) -> None:
+    """Engine options that name a file (a parser plugin, a chat template) are read relative to the scenario file,
+    and the file must exist; each becomes an absolute path."""
+    for name, engine in spec.engines.items():
+        for key in FILE_OPTIONS:
+            value = engine.options.get(key)
+            if not isinstance(value, str):
+                continue
+            path = (source.path.parent / value).resolve()
+            if not path.is_file():
+                raise source.error(("engines", name, "options", key), f"{value}: no such file (paths are relative "
+                                                                      "to the scenario file): fix the path")
+            engine.options[key] = str(path)
+
+
 def _check_engines(source: YamlSource, spec: Scenario) -> dict[str, EngineDescription]:
     """Engine types must be registered, their options valid for the adapter, and their dtype one the engine runs
     (checked before anything runs). Returns each engine's description."""
@@ -480,6 +498,8 @@ def load(path: str | Path, text: str | None = None) -> LoadedScenario:
     except ValidationError as exc:
         raise source.validation_error(exc) from None
     _check_model(source, spec)
+    _option_files_found(source, spec)
+    _tool_choice_names_a_tool(source, spec)
     descriptions = _check_engines(source, spec)
     prompts = _prompts(source, spec)
     points = math.prod(len(values) for values in spec.grid.values())
