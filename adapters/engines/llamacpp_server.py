@@ -6,11 +6,12 @@ when the engine connects."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -30,6 +31,7 @@ from adapters.engines.llamacpp import Options as LibraryOptions
 from adapters.engines.llamacpp_lora import RULES as LORA_RULES
 from adapters.engines.llamacpp_lora import adapter_gguf
 from adapters.engines.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
+from adapters.http.agent_support import AgentSetup
 from adapters.http.client import RequestFailed
 from adapters.http.token_ids import TokenResolver
 from harness.core.types import EngineSetup, Result, TraceRequest
@@ -55,6 +57,9 @@ SERVER_SETTINGS = frozenset((
 class Options(ServedOptions):
     _endpoint = endpoint_checked(DIALECT)
     gguf: str = "f32"  # as for the llama.cpp engine: f32, f16, q8_0, q4_k_m, bundled or a path to a .gguf file
+    # the chat template's switches, which llama_cpp.server takes only when it starts (--chat_template_kwargs): a
+    # request asking for others is answered without them, warned NOT APPLIED
+    chat_template_kwargs: dict[str, Any] | None = None
     kv_cache: Literal["f32", "f16"] = "f32"
     last_n_tokens: int = Field(64, ge=0)  # the penalties' window (--last_n_tokens_size)
     extra_buffers: Literal["auto", "on", "off"] = "auto"  # as for the llama.cpp engine (auto: off where AMX is used)
@@ -92,6 +97,8 @@ def command(setup: EngineSetup, port: int, options: Options, gguf: str, threads:
             "--n_batch", str(n_ctx), "--logits_all", "true", "--type_k", kv, "--type_v", kv,
             "--last_n_tokens_size", str(options.last_n_tokens), *betas,
             "--interrupt_requests", "false",  # a request arriving would cut a streamed answer short (its default)
+            *(["--chat_template_kwargs", json.dumps(options.chat_template_kwargs)]
+              if options.chat_template_kwargs else []),
             *(["--lora_path", str(adapter_gguf(setup.model_path, Path(setup.lora.path)))] if setup.lora else []),
             *options.extra_args]
 
@@ -156,6 +163,9 @@ class Engine(ServedEngine):
             env["API_KEY"] = os.environ[self.options.api_key_env]
         return Launch(command(setup, port, self.options, self.gguf, threads, self.extra_buffers, self.n_ctx), env,
                       health_path="/v1/models")
+
+    def agent_setup(self) -> AgentSetup:
+        return AgentSetup(template_kwargs=self.options.chat_template_kwargs, known=not self.options.url)
 
     def versions(self) -> dict[str, str]:
         info = {**super().versions(), "llama-cpp-python": installed_version("llama-cpp-python")}

@@ -16,6 +16,7 @@ from adapters.contract import Capabilities, EngineDescription, Knob, Requirement
 from adapters.engines.lmdeploy_pipeline import LMDEPLOY_DTYPES
 from adapters.engines.openai import attached_knobs
 from adapters.engines.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
+from adapters.http.agent_support import AgentSetup
 from adapters.http.dialects import DIALECTS
 from harness.core.types import EngineSetup
 
@@ -27,6 +28,8 @@ class Options(ServedOptions):
     eager_mode: bool = True
     generation_config: Literal["lmdeploy", "auto"] = "lmdeploy"
     startup_timeout: float = Field(900, gt=0)
+    tool_parser: str | None = None  # --tool-call-parser NAME (lmdeploy's own parsers: qwen3, internlm2, llama3, ...)
+    reasoning_parser: str | None = None  # --reasoning-parser NAME (default, deepseek-v3, ...)
 
 
 def command(setup: EngineSetup, port: int, options: Options) -> list[str]:
@@ -36,6 +39,10 @@ def command(setup: EngineSetup, port: int, options: Options) -> list[str]:
            "--logprobs-mode", "raw_logprobs", "--generation-config", options.generation_config]
     if options.eager_mode:
         cmd.append("--eager-mode")
+    if options.tool_parser:
+        cmd += ["--tool-call-parser", options.tool_parser]
+    if options.reasoning_parser:
+        cmd += ["--reasoning-parser", options.reasoning_parser]
     return cmd + options.extra_args
 
 
@@ -46,6 +53,9 @@ class Engine(ServedEngine):
 
     def launch(self, setup: EngineSetup, port: int) -> Launch:
         return Launch(command(setup, port, self.options), dict(os.environ))
+
+    def agent_setup(self) -> AgentSetup:
+        return AgentSetup(self.options.tool_parser, self.options.reasoning_parser, known=not self.options.url)
 
     def versions(self) -> dict[str, str]:
         return {**super().versions(), "lmdeploy": installed_version("lmdeploy")}

@@ -28,6 +28,7 @@ from adapters.contract import (
     request_knobs,
 )
 from adapters.http import beam_requests, dialect_check
+from adapters.http.agent_support import AgentSetup, agent_warnings
 from adapters.http.answers import to_result
 from adapters.http.client import Client, Completion, RequestFailed, connection_pool, translate
 from adapters.http.dialects import DIALECTS, Dialect
@@ -190,6 +191,11 @@ class Engine:
         known here (server engines that know it override this)."""
         return None
 
+    def agent_setup(self) -> AgentSetup:
+        """How the server was started for agent requests: not known for one reached by url (engines that start
+        their server say)."""
+        return AgentSetup(known=False)
+
     def _prompt(self, request: Request) -> list[int] | str:
         """Token ids where the server takes them, else the text (chat messages: the harness-templated text)."""
         mode = self.client_options.prompt
@@ -230,6 +236,8 @@ class Engine:
         if request.params.num_beams:
             return beam_requests.complete(self, request)
         translation = self.translate(request.params, request.top_logprobs)
+        if self.endpoint == "chat":
+            translation.warnings += agent_warnings(self.dialect.name, self.dialect.agent, self.agent_setup(), request)
         body = self.client.body(request, translation.native_params, self._prompt(request))
         started = time.perf_counter()
         try:

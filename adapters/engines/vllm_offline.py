@@ -24,9 +24,9 @@ from adapters.contract import (
     greedy_ignored,
     request_knobs,
 )
+from adapters.engines.parser_runs import ParserOptions
 from adapters.engines.vllm_lora import RULES as LORA_RULES
 from adapters.engines.vllm_lora import lora_kwargs, lora_request
-from adapters.engines.vllm_parsers import ParserOptions
 from adapters.engines.vllm_sockets import remove_socket_dir, socket_dir
 from adapters.engines.vllm_startup import lighten_vllm_startup
 from adapters.http.client import structured_outputs

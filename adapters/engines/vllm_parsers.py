@@ -7,33 +7,16 @@ This module does the same on a generated answer given whole or cut into chunks a
 text can be parsed as its server would parse it, and a parser can be held to giving one split however the answer
 arrives (a streamed call that loses its closing brace, arguments lost when a whole call comes in one delta).
 
-A split is {"content": str, "reasoning": str | None, "tool_calls": [{"name", "arguments"}]}, content "" where
-there is none, each call's arguments as the text the parser produced (streamed: its deltas joined).
+Splits, chunkings and the options naming the parsers are adapters.engines.parser_runs'.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
-Split = dict[str, Any]
-
-
-class ParserOptions(BaseModel):
-    """The parsers a vLLM engine uses (both engines' options): the server starts with them, and offline engines'
-    answers are parsed with them. A plugin is a Python file that registers parsers under its own names."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    tool_parser: str | None = None  # --enable-auto-tool-choice --tool-call-parser NAME
-    reasoning_parser: str | None = None  # --reasoning-parser NAME
-    tool_parser_plugin: str | None = None  # --tool-parser-plugin FILE
-    reasoning_parser_plugin: str | None = None  # --reasoning-parser-plugin FILE
+from adapters.engines.parser_runs import ParserOptions, Split, chunk_texts, join_call_delta
 
 
 def server_args(options: ParserOptions) -> list[str]:
@@ -48,12 +31,6 @@ def server_args(options: ParserOptions) -> list[str]:
     if options.reasoning_parser:
         args += ["--reasoning-parser", options.reasoning_parser]
     return args
-
-
-def parsers_named(options: dict[str, Any]) -> ParserOptions | None:
-    """The parsers an engine's options name (None: none)."""
-    fields = {k: options.get(k) for k in ParserOptions.model_fields if options.get(k)}
-    return ParserOptions(**fields) if fields.get("tool_parser") or fields.get("reasoning_parser") else None
 
 
 @lru_cache(maxsize=8)
@@ -79,7 +56,7 @@ def tokenizer(model_path: str) -> Any:
     return get_tokenizer(model_path)
 
 
-class Parsing:
+class VllmParsing:
     """One engine's parsers over one request: its answers parsed whole or chunk by chunk."""
 
     def __init__(self, options: ParserOptions, model_path: Path, request: dict[str, Any]):
@@ -107,60 +84,28 @@ class Parsing:
         return {"content": content or "", "reasoning": reasoning,
                 "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in calls or []]}
 
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
     def streamed(self, chunks: list[list[int]], prompt_ids: list[int]) -> Split:
-        """A streamed answer's split, its chunks (ids) given to parse_delta one by one with their text (the ids'
-        incremental decoding), the deltas joined as a client joins them."""
+        """A streamed answer's split, its chunks given to parse_delta one by one with their text, the deltas joined
+        as a client joins them."""
         parser = self._parser()
         content, reasoning = "", None
         calls: dict[int, dict[str, str]] = {}
-        done: list[int] = []
-        for n, chunk in enumerate(chunks):
-            before = self.tokenizer.decode(done)
-            done = done + chunk
-            delta = parser.parse_delta(self.tokenizer.decode(done)[len(before):], list(chunk), self.request,
-                                       prompt_ids, finished=n == len(chunks) - 1)
+        texts = chunk_texts(self.decode, chunks)
+        for n, (chunk, text) in enumerate(zip(chunks, texts, strict=True)):
+            delta = parser.parse_delta(text, list(chunk), self.request, prompt_ids, finished=n == len(chunks) - 1)
             if delta is None:
                 continue
             content += delta.content or ""
             if delta.reasoning is not None:
                 reasoning = (reasoning or "") + delta.reasoning
             for position, call in enumerate(delta.tool_calls or []):
-                index = call.index if call.index is not None else position
-                joined = calls.setdefault(index, {"name": "", "arguments": ""})
                 function = call.function
-                if function is not None:
-                    name = function.get("name") if isinstance(function, dict) else function.name
-                    arguments = function.get("arguments") if isinstance(function, dict) else function.arguments
-                    joined["name"] += name or ""
-                    joined["arguments"] += arguments or ""
+                if isinstance(function, dict):
+                    name, arguments = function.get("name"), function.get("arguments")
+                else:
+                    name, arguments = (function.name, function.arguments) if function is not None else (None, None)
+                join_call_delta(calls, call.index if call.index is not None else position, name, arguments)
         return {"content": content, "reasoning": reasoning, "tool_calls": [calls[i] for i in sorted(calls)]}
-
-
-def chunkings(ids: list[int], seeds: int = 3) -> dict[str, list[list[int]]]:
-    """The ways an answer's ids are cut into streamed chunks: whole in one chunk, one token per chunk, and `seeds`
-    seeded random cuts at token boundaries (chunks of 1-4 tokens)."""
-    ways = {"one chunk": [list(ids)], "token by token": [[t] for t in ids]}
-    for seed in range(seeds):
-        draw, cut, at = random.Random(seed), [], 0
-        while at < len(ids):
-            size = draw.randint(1, 4)
-            cut.append(list(ids[at:at + size]))
-            at += size
-        ways[f"random cuts (seed {seed})"] = cut
-    return ways
-
-
-def split_differences(parsing: Parsing, text: str, ids: list[int], prompt_ids: list[int],
-                      compare: Callable[[Split, Split], str | None]) -> dict[str, str]:
-    """Each chunking whose streamed split differs from the unstreamed one -> how (compare's words, or the error the
-    parser raised)."""
-    whole = parsing.whole(text, ids, prompt_ids)
-    found = {}
-    for way, chunks in chunkings(ids).items():
-        try:
-            difference = compare(whole, parsing.streamed(chunks, prompt_ids))
-        except Exception as exc:  # a parser's own bug, raised on these chunks: a finding, not a crash of the run
-            difference = f"the parser raised {type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
-        if difference:
-            found[way] = difference
-    return found

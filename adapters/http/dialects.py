@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.contract import SamplingCode
+from adapters.http.agent_support import NAMED, NONE, PARSER, REQUEST, STARTUP, AgentSupport
 from harness.core.vocabulary import BEAM, OPENAI_FIELDS, names
 
 
@@ -49,6 +50,7 @@ class Dialect:
     in_flight: int = 16
     in_flight_note: str = "a guess for an unknown server: set concurrency to what it runs at once"
     stream_usage: bool = False  # it takes stream_options: {include_usage: true} (token counts in a streamed answer)
+    agent: AgentSupport = AgentSupport()  # what it does with tools, template switches and reasoning
 
     def sampling_code(self, defaults: str) -> SamplingCode | None:
         """The sampling code of a server of this kind that the harness did not start (its own default
@@ -81,7 +83,7 @@ DIALECTS: dict[str, Dialect] = {
         token_id_fields={"return_tokens_as_token_ids": True, "return_token_ids": True},
         sampling=SamplingCode("adapters.sampling.vllm", {"mode": "server", "generation_config": "auto"}),
         in_flight=128, in_flight_note="its scheduler's max_num_seqs on CPU (vLLM 0.32's default for the server)",
-        stream_usage=True,
+        stream_usage=True, agent=AgentSupport(calls=PARSER, reasoning=PARSER, template_kwargs=REQUEST),
         beam_fields={"num_beams": "n", "length_penalty": "length_penalty", "max_new_tokens": "max_tokens",
                      "ignore_eos": "ignore_eos"},
         # the EOS that finished a beam stays in its token ids, as offline
@@ -108,7 +110,8 @@ DIALECTS: dict[str, Dialect] = {
                                    "skip_special_tokens", "stop_token_ids", "include_stop_str_in_output",
                                    "spaces_between_special_tokens"}),
         sampling=SamplingCode("adapters.sampling.lmdeploy", {"mode": "server", "generation_config": "auto"}),
-        in_flight=128, in_flight_note="its engine's max_batch_size (lmdeploy 0.18's default outside the largest GPUs)"),
+        in_flight=128, in_flight_note="its engine's max_batch_size (lmdeploy 0.18's default outside the largest GPUs)",
+        agent=AgentSupport(calls=PARSER, reasoning=PARSER, template_kwargs=REQUEST)),
     "llamacpp": Dialect(
         "llamacpp", "llama.cpp's native llama-server (OpenAI-compatible endpoints)",
         extra_fields={"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repeat_penalty"},
@@ -129,7 +132,8 @@ DIALECTS: dict[str, Dialect] = {
               "as '' (taken as the EOS, with a warning); stops on EOS without returning it",
         empty_token="eos", request_schema="CreateCompletionRequest",
         sampling=SamplingCode("adapters.sampling.llamacpp", {"mode": "server"}),
-        in_flight=1, in_flight_note="it answers one request at a time (one model behind a lock)"),
+        in_flight=1, in_flight_note="it answers one request at a time (one model behind a lock)",
+        agent=AgentSupport(calls=NAMED, reasoning=NONE, template_kwargs=STARTUP)),
     "sglang": Dialect(
         "sglang", "SGLang OpenAI-compatible server",
         extra_fields={"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty",

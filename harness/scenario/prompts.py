@@ -37,10 +37,19 @@ class PromptTokenizer:
         self.config = json.loads(config_path.read_text()) if config_path.exists() else {}
         template_file = model_path / "chat_template.jinja"
         template = template_file.read_text() if template_file.exists() else self.config.get("chat_template")
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals.update(raise_exception=self._raise, strftime_now=lambda fmt: datetime.now().strftime(fmt))
-        env.filters["tojson"] = _tojson
-        self.template = env.from_string(template) if template else None
+        self.environment = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        self.environment.globals.update(raise_exception=self._raise,
+                                        strftime_now=lambda fmt: datetime.now().strftime(fmt))
+        self.environment.filters["tojson"] = _tojson
+        self.template = self.environment.from_string(template) if template else None
+
+    def with_template(self, template: str) -> PromptTokenizer:
+        """A copy that renders chat prompts with another template (a GGUF's embedded one)."""
+        import copy
+
+        other = copy.copy(self)
+        other.template = self.environment.from_string(template)
+        return other
 
     @staticmethod
     def _raise(message: str):

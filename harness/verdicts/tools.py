@@ -17,8 +17,9 @@ from typing import Any
 
 import pandas as pd
 
-from harness.compare import tool_rules
-from harness.core.agent_requests import wire_messages
+from harness.compare import agent_prompts, tool_rules
+from harness.compare.agent_prompts import SAME
+from harness.core.agent_requests import template_messages, wire_messages
 from harness.core.types import Result
 from harness.render import markdown
 from harness.render.console import console, print_table
@@ -35,7 +36,6 @@ INTRO = ("Each engine's prompt ids against the reference's render (where they pa
          "the answer (content, reasoning, calls) against the reference's text parsed by the same parsers, calls "
          "compared as JSON values; markup left in the answer; and its parsers fed its ids in chunks (whole, token by "
          "token, seeded random cuts) against the unstreamed split.")
-SAME = "same"
 
 
 def tools_rows(rows: pd.DataFrame) -> list[list[str]]:
@@ -71,7 +71,11 @@ class ToolVerdicts(VerdictFamily):
     def print(self, rows: pd.DataFrame, reference: str) -> None:
         findings = rows[~rows.expected]
         if findings.empty:
-            console.print(f"tools: {len(rows)} answers split as the reference's (prompts, calls, reasoning, chunks)")
+            same = int((rows.tools_check == SAME).sum())
+            limited = f"; {len(rows) - same} answered within the engine's limits, said (not applied)" \
+                if same < len(rows) else ""
+            console.print(f"tools: {same} answers split as the reference's (prompts, calls, reasoning, chunks)"
+                          f"{limited}")
             return
         print_table("tools: answers that do not split as the reference's", HEADERS, tools_rows(findings),
                     [["", "", "bold red", *[""] * 5] for _ in range(len(findings))])
@@ -90,15 +94,15 @@ FAMILY = ToolVerdicts()
 
 
 def _parsers(scenario, name: str):
-    from adapters.engines.vllm_parsers import parsers_named
+    from adapters.engines.engine_parsers import FAMILIES
+    from adapters.engines.parser_runs import parsers_named
 
-    return parsers_named(scenario.spec.engines[name].options)
+    engine = scenario.spec.engines[name]
+    return parsers_named(engine.options) if engine.engine in FAMILIES else None
 
 
 def _request(scenario, case: Case) -> dict[str, Any]:
     """The chat request's fields the parsers read (the API's form)."""
-    from harness.core.agent_requests import template_messages
-
     spec = scenario.spec
     request: dict[str, Any] = {"messages": wire_messages(template_messages(case.prompt.messages))}
     if spec.tools:
@@ -123,35 +127,29 @@ def _judge(judging: Judging, case: Case, name: str, parsers) -> dict | None:
     if reference is None or result is None or reference.status != "ok" or result.status != "ok":
         return None
     findings: list[tuple[str, str]] = []
-    prompt = _prompt_reading(judging, case, reference, result)
-    if prompt != SAME:
-        findings.append(("template", f"its prompt ids part from the reference's render {prompt}"))
+    prompt, prompt_finding = _prompt_reading(judging, case, name, reference, result)
+    if prompt_finding:
+        findings.append(("template", prompt_finding))
     row: dict[str, Any] = {"case_id": case.case_id, "engine": name, "prompt": prompt, "chunkings": "{}",
                            "parsers": "" if parsers is None else " + ".join(
                                p for p in (parsers.tool_parser, parsers.reasoning_parser) if p)}
     if parsers is None:
-        split = result.message or {}
-        row.update(split=json.dumps(split), reference_split="{}")
-        if split:
-            findings.append(("not-applied", "the server split the answer but the engine names no parsers "
-                             "(options tool_parser, reasoning_parser) to read the reference's text with"))
-        return _finish(row, findings, [])
-    from adapters.engines.vllm_parsers import Parsing, split_differences
+        return _finish(_unparsed(row, result, findings), findings, [])
+    from adapters.engines.engine_parsers import parsing_for
+    from adapters.engines.parser_runs import split_differences
 
-    parsing = Parsing(parsers, scenario.engine(name).model_folder, _request(scenario, case))
+    parsing = parsing_for(scenario.spec.engines[name].engine, parsers, scenario.engine(name).model_folder,
+                          _request(scenario, case))
     ref_ids, own_ids = _answer_ids(reference, judging.eos_ids), _answer_ids(result, judging.eos_ids)
-    reference_split = parsing.whole(parsing.tokenizer.decode(ref_ids), ref_ids, reference.prompt_ids)
-    offline = parsing.whole(parsing.tokenizer.decode(own_ids), own_ids, result.prompt_ids)
-    split = result.message or offline
+    reference_split = parsing.whole(parsing.decode(ref_ids), ref_ids, reference.prompt_ids)
+    split = result.message or parsing.whole(parsing.decode(own_ids), own_ids, result.prompt_ids)
     row.update(split=json.dumps(split), reference_split=json.dumps(reference_split))
-    notes = tool_rules.whitespace_notes(reference_split, split)
-    same_ids = own_ids == ref_ids
     difference = tool_rules.split_difference(reference_split, split)
     if difference is not None:
-        if not same_ids:
+        if own_ids != ref_ids:
             findings.append((difference.kind, f"{difference.words}: its ids part from the reference's (see the "
                                               "tokens verdict), so its answer says something else"))
-        elif result.message and _streamed(result):
+        elif result.message and result.native_params.get("stream"):
             kind = "streamed-call" if difference.part == "calls" else "reasoning-split"
             findings.append((kind, f"{difference.words}: the server's streamed answer, where its parsers read the "
                                    "same ids unstreamed as the reference's"))
@@ -160,18 +158,36 @@ def _judge(judging: Judging, case: Case, name: str, parsers) -> dict | None:
     leak = tool_rules.leaked_markup(split)
     if leak:
         findings.append(("reasoning-split", leak))
-    chunk_findings = split_differences(parsing, parsing.tokenizer.decode(own_ids), own_ids, result.prompt_ids,
+    chunk_findings = split_differences(parsing, parsing.decode(own_ids), own_ids, result.prompt_ids,
                                        lambda whole, streamed: _words(tool_rules.split_difference(whole, streamed)))
     row["chunkings"] = json.dumps(chunk_findings)
     if chunk_findings:
         way, words = next(iter(chunk_findings.items()))
         findings.append(("split", f"its parsers fed its ids {way} give {words} (and {len(chunk_findings)} "
                                   "chunking(s) in all differ from the unstreamed split)"))
-    return _finish(row, findings, notes)
+    return _finish(row, findings, tool_rules.whitespace_notes(reference_split, split))
 
 
-def _streamed(result: Result) -> bool:
-    return bool(result.native_params.get("stream"))
+AGENT_PARAMS = ("tools=", "chat_template_kwargs=", "reasoning=")
+
+
+def _unparsed(row: dict[str, Any], result: Result, findings: list[tuple[str, str]]) -> dict[str, Any]:
+    """An engine with no parsers of its own here: what its server could not do (its NOT APPLIED warnings), said."""
+    split = result.message or {}
+    row.update(split=json.dumps(split), reference_split="{}")
+    limits = [w for w in result.warnings if w.startswith(AGENT_PARAMS) and "NOT APPLIED" in w]
+    if limits:
+        findings.append((NOT_APPLIED, "; ".join(limits)))
+    elif split:
+        findings.append((NOT_APPLIED, "the server split the answer, but the engine names no parsers (options "
+                                      "tool_parser, reasoning_parser) to read the reference's text with"))
+    else:
+        findings.append((NOT_APPLIED, "the engine has no tool or reasoning parsers here: its answer is read as "
+                                      "text (the tokens and text verdicts)"))
+    return row
+
+
+NOT_APPLIED = "not-applied"  # said, never failing: the engine's limits, named
 
 
 def _words(difference: tool_rules.SplitDifference | None) -> str | None:
@@ -180,23 +196,17 @@ def _words(difference: tool_rules.SplitDifference | None) -> str | None:
 
 def _finish(row: dict[str, Any], findings: list[tuple[str, str]], notes: list[str]) -> dict[str, Any]:
     kinds = list(dict.fromkeys(kind for kind, _ in findings))
-    row.update(expected=not findings, tools_check=", ".join(kinds) or SAME,
+    row.update(expected=all(kind == NOT_APPLIED for kind, _ in findings), tools_check=", ".join(kinds) or SAME,
                explanation="; ".join([w for _, w in findings] + notes) or "the same split as the reference's")
     return row
 
 
-def _prompt_reading(judging: Judging, case: Case, reference: Result, result: Result) -> str:
-    """SAME, or where the engine's prompt ids part from the reference's: the token and the template part."""
-    ours, theirs = reference.prompt_ids, result.prompt_ids
-    if ours == theirs:
-        return SAME
-    at = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), min(len(ours), len(theirs)))
+def _prompt_reading(judging: Judging, case: Case, name: str, reference: Result,
+                    result: Result) -> tuple[str, str | None]:
     scenario = judging.scenario
-    tokenizer = load_tokenizer(scenario.engine(scenario.spec.reference).model_folder)
-    from harness.core.agent_requests import template_messages
-
-    messages, tools = template_messages(case.prompt.messages), scenario.spec.tool_dicts()
-    spans = tool_rules.template_spans(lambda m, t, k, g: tokenizer.render(m, t, k, g), messages, tools,
-                                      scenario.spec.template_kwargs(case.prompt))
-    offset = len(tokenizer.decode(ours[:at]))
-    return f"at token {at} of {len(ours)} ({tool_rules.where_prompts_part(offset, spans)})"
+    engine = scenario.spec.engines[name]
+    server_kwargs = engine.options.get("chat_template_kwargs") or {} if engine.engine == "llama.cpp-server" else None
+    return agent_prompts.prompt_reading(
+        load_tokenizer(scenario.engine(scenario.spec.reference).model_folder), template_messages(case.prompt.messages),
+        scenario.spec.tool_dicts(), scenario.spec.template_kwargs(case.prompt), reference.prompt_ids,
+        result.prompt_ids, result.warnings, judging.versions.get(name, {}), server_kwargs)

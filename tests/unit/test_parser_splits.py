@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from adapters.engines.vllm_parsers import ParserOptions, Parsing, chunkings, split_differences
+from adapters.engines.engine_parsers import parsing_for
+from adapters.engines.parser_runs import ParserOptions, chunkings, split_differences
 from harness.compare import tool_rules
 from harness.models import agent
 from harness.models.catalog import agent_tokenizer
@@ -30,14 +31,14 @@ def _words(difference):
     return difference.words if difference else None
 
 
-def _read(folder: Path, options: ParserOptions, script: agent.Script, thinking: bool = True):
+def _read(folder: Path, options: ParserOptions, script: agent.Script, thinking: bool = True, engine: str = "vllm"):
     request = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS,
                "chat_template_kwargs": {} if thinking else {"enable_thinking": False}}
-    parsing = Parsing(options, folder, request)
+    parsing = parsing_for(engine, options, folder, request)
     ids = parsing.tokenizer.encode(script.answer, add_special_tokens=False)
     prompt = parsing.tokenizer.encode("<|im_start|>user\nWeather in Paris?<|im_end|>\n" + script.prompt_tail,
                                       add_special_tokens=False)
-    text = parsing.tokenizer.decode(ids)
+    text = parsing.decode(ids)
     return parsing.whole(text, ids, prompt), split_differences(parsing, text, ids, prompt,
                                                                lambda a, b: _words(tool_rules.split_difference(a, b)))
 
@@ -50,6 +51,17 @@ def test_the_shipped_parsers_give_one_split_however_the_answer_arrives(folder) -
     assert "I call get_weather and local_time" in whole["reasoning"] and not whole["content"].strip()
     whole, differences = _read(folder, options, agent.SCRIPTS[1], thinking=False)
     assert differences == {} and whole == {"content": agent.SCRIPTS[1].answer, "reasoning": None, "tool_calls": []}
+
+
+def test_lmdeploys_own_parsers_give_one_split_however_the_answer_arrives(folder) -> None:
+    """lmdeploy's api_server parsers (its qwen3 tool parser and default reasoning parser), run as its server runs
+    them: the same calls and thinking as vLLM's parsers read, whole or in chunks."""
+    options = ParserOptions(tool_parser="qwen3", reasoning_parser="default")
+    whole, differences = _read(folder, options, agent.SCRIPTS[0], engine="lmdeploy-server")
+    assert differences == {}, differences
+    assert [c["name"] for c in whole["tool_calls"]] == ["get_weather", "local_time"]
+    whole, differences = _read(folder, options, agent.SCRIPTS[1], thinking=False, engine="lmdeploy-server")
+    assert differences == {} and whole["content"] == agent.SCRIPTS[1].answer and not whole["tool_calls"]
 
 
 def test_planted_parsers_are_named_by_kind(folder) -> None:
