@@ -28,7 +28,7 @@ def parser_class(tool_parser: str | None, reasoning_parser: str | None, model_pa
     """The server's response-parser class, configured as its set_parsers configures it."""
     from lmdeploy.serve.parsers import ResponseParserManager
 
-    configured = type("ConfiguredResponseParser", (ResponseParserManager.get("default"),), {})
+    configured: Any = type("ConfiguredResponseParser", (ResponseParserManager.get("default"),), {})
     configured.set_parsers(reasoning_parser_name=reasoning_parser, tool_parser_name=tool_parser,
                            tokenizer=tokenizer(model_path))
     return configured

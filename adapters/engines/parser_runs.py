@@ -55,7 +55,8 @@ def join_call_delta(calls: dict[int, dict[str, str]], index: int, name: str | No
 def chunk_texts(decode: Callable[[list[int]], str], chunks: list[list[int]]) -> list[str]:
     """Each chunk's text as a server's incremental detokeniser gives it: the decoding of the ids so far, less that of
     the ids before."""
-    texts, done = [], []
+    texts: list[str] = []
+    done: list[int] = []
     for chunk in chunks:
         before = decode(done)
         done = done + chunk

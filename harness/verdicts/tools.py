@@ -142,7 +142,8 @@ def _judge(judging: Judging, case: Case, name: str, parsers) -> dict | None:
                           _request(scenario, case))
     ref_ids, own_ids = _answer_ids(reference, judging.eos_ids), _answer_ids(result, judging.eos_ids)
     reference_split = parsing.whole(parsing.decode(ref_ids), ref_ids, reference.prompt_ids)
-    split = result.message or parsing.whole(parsing.decode(own_ids), own_ids, result.prompt_ids)
+    offline = parsing.whole(parsing.decode(own_ids), own_ids, result.prompt_ids)
+    split = result.message or offline
     row.update(split=json.dumps(split), reference_split=json.dumps(reference_split))
     difference = tool_rules.split_difference(reference_split, split)
     if difference is not None:
@@ -155,9 +156,9 @@ def _judge(judging: Judging, case: Case, name: str, parsers) -> dict | None:
                                    "same ids unstreamed as the reference's"))
         else:
             findings.append((difference.kind, f"{difference.words}: the server's parse of the reference's own ids"))
-    leak = tool_rules.leaked_markup(split)
-    if leak:
-        findings.append(("reasoning-split", leak))
+    leaks = {f"{where}: {leak}" for where, read in (("its answer", split), ("its parsers, unstreamed", offline))
+             if (leak := tool_rules.leaked_markup(read))}
+    findings.extend(("reasoning-split", leak) for leak in sorted(leaks))
     chunk_findings = split_differences(parsing, parsing.decode(own_ids), own_ids, result.prompt_ids,
                                        lambda whole, streamed: _words(tool_rules.split_difference(whole, streamed)))
     row["chunkings"] = json.dumps(chunk_findings)
@@ -203,9 +204,14 @@ def _finish(row: dict[str, Any], findings: list[tuple[str, str]], notes: list[st
 
 def _prompt_reading(judging: Judging, case: Case, name: str, reference: Result,
                     result: Result) -> tuple[str, str | None]:
+    from adapters.http.agent_support import STARTUP
+    from adapters.http.dialects import DIALECTS
+
     scenario = judging.scenario
-    engine = scenario.spec.engines[name]
-    server_kwargs = engine.options.get("chat_template_kwargs") or {} if engine.engine == "llama.cpp-server" else None
+    options = scenario.spec.engines[name].options
+    dialect = scenario.description(name).dialect_name(options)
+    starts_with = dialect is not None and DIALECTS[dialect].agent.template_kwargs == STARTUP
+    server_kwargs = options.get("chat_template_kwargs") or {} if starts_with else None
     return agent_prompts.prompt_reading(
         load_tokenizer(scenario.engine(scenario.spec.reference).model_folder), template_messages(case.prompt.messages),
         scenario.spec.tool_dicts(), scenario.spec.template_kwargs(case.prompt), reference.prompt_ids,
