@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -32,6 +33,7 @@ from adapters.engines.vllm_startup import lighten_vllm_startup
 from adapters.http.client import structured_outputs
 from adapters.tracing.capture import LOGITS_SLICE, Capture, layer_inputs, run_traces
 from adapters.tracing.forcing import LayerInputs
+from harness.core.agent_requests import wire_messages
 from harness.core.types import Beam, EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
 from harness.core.vocabulary import SamplingParams
 from harness.models.catalog import cache_root
@@ -47,6 +49,9 @@ class Options(InProcessOptions, ParserOptions):
     max_num_batched_tokens: int | None = Field(None, ge=8)  # the prefill chunk size when chunked prefill is on
     speculative: dict[str, Any] | None = None  # vLLM's speculative_config, e.g. {method: ngram, ...}
     batch_invariant: bool = False  # VLLM_BATCH_INVARIANT=1: vLLM's promise of batch-invariant results
+    # chat prompts: harness (the harness's ids, as every engine gets them) or vllm (rendered by vLLM's own chat path,
+    # LLM.enqueue_chat with the tools and template switches: its prompt ids are then compared with the harness's)
+    render: Literal["harness", "vllm"] = "harness"
 
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
@@ -300,7 +305,6 @@ class Engine:
 
     def generate(self, requests: list[Request]) -> Iterator[Result]:
         from vllm import SamplingParams as VllmSamplingParams
-        from vllm.inputs import TokensPrompt
 
         yield from self._beams([r for r in requests if r.params.num_beams])
         requests = [r for r in requests if not r.params.num_beams]
@@ -311,8 +315,7 @@ class Engine:
                                                                 if r.num_samples > 1 else {})})
                     for r, t in zip(requests, translations, strict=False)]
         last = time.perf_counter()
-        for index, output in self._finished([TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests],
-                                            sampling):
+        for index, output in self._finished(self._enqueue(requests, sampling)):
             request, translation = requests[index], translations[index]
             now = time.perf_counter()
             elapsed, last = now - last, now  # the call's time since the previous case finished: they sum to it
@@ -331,19 +334,44 @@ class Engine:
                 top_ids.append([tid for _, tid, _ in ranked])
                 top_values.append([value for _, _, value in ranked])
                 chosen.append(step[token].logprob)
-            yield Result(case_id=request.case_id, engine=self.name, status="ok", prompt_ids=request.prompt_ids,
+            yield Result(case_id=request.case_id, engine=self.name, status="ok",
+                         prompt_ids=list(output.prompt_token_ids or request.prompt_ids),
                          token_ids=list(completion.token_ids), text=completion.text,
                          finish_reason=completion.finish_reason or "", chosen_logprobs=chosen, top_ids=top_ids,
                          top_logprobs=top_values, native_params=translation.native_params,
                          warnings=translation.warnings,
                          timings={"generate_s": elapsed, "batch_size": len(requests)})
 
-    def _finished(self, prompts: list[Any], sampling: list[Any]) -> Iterator[tuple[int, Any]]:
+    def _enqueue(self, requests: list[Request], sampling: list[Any]) -> list[str]:
+        """Queue the requests (vLLM's internal ids, in the requests' order): as the harness's prompt ids, or chat
+        prompts through vLLM's own chat path (render: vllm), those with the same tools and switches together."""
+        from vllm.inputs import TokensPrompt
+
+        ids: list[str] = [""] * len(requests)
+        groups: dict[str, list[int]] = {}
+        for i, request in enumerate(requests):
+            own = self.options.render == "vllm" and request.messages is not None
+            key = json.dumps([request.tools, request.chat_template_kwargs], sort_keys=True) if own else ""
+            groups.setdefault(key, []).append(i)
+        for key, members in groups.items():
+            chosen = [sampling[i] for i in members]
+            if not key:
+                queued = self.llm.enqueue([TokensPrompt(prompt_token_ids=requests[i].prompt_ids) for i in members],
+                                          chosen, use_tqdm=False, lora_request=self.lora)
+            else:
+                first = requests[members[0]]
+                queued = self.llm.enqueue_chat([wire_messages(requests[i].messages or []) for i in members], chosen,
+                                               use_tqdm=False, lora_request=self.lora, tools=first.tools,
+                                               chat_template_kwargs=first.chat_template_kwargs or None)
+            for i, request_id in zip(members, queued, strict=True):
+                ids[i] = request_id
+        return ids
+
+    def _finished(self, ids: list[str]) -> Iterator[tuple[int, Any]]:
         """What LLM.generate does (enqueue every prompt, step the engine until none is unfinished), yielding each
         request's output, with its index, as soon as it finishes rather than all at the end: the harness journals
-        each case then. A call that stops early (an error, the harness interrupted) aborts what it left queued."""
-        ids = self.llm.enqueue(prompts, sampling, use_tqdm=False, lora_request=self.lora)
-        # enqueue returns vLLM's internal ids, "<the id an output carries>-<8 random characters>"
+        each case then. A call that stops early (an error, the harness interrupted) aborts what it left queued.
+        ids: the queued requests' internal ids, "<the id an output carries>-<8 random characters>"."""
         index = {request_id.rsplit("-", 1)[0]: i for i, request_id in enumerate(ids)}
         engine = self.llm.llm_engine
         try:

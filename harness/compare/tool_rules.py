@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 Split = dict[str, Any]
-MARKERS = ("<think>", "</think>", "<tool_call>", "</tool_call>")  # markup a parser must not leave in content
+THINK_MARKERS = ("<think>", "</think>")  # markup a reasoning parser must not leave in the answer
+CALL_MARKERS = ("<tool_call>", "</tool_call>")  # markup a tool-call parser must not leave there
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def whitespace_notes(expected: Split, got: Split) -> list[str]:
             and (expected.get(part) or "").strip() == (got.get(part) or "").strip()]
 
 
-def leaked_markup(split: Split, markers: tuple[str, ...] = MARKERS) -> str | None:
+def leaked_markup(split: Split, markers: tuple[str, ...] = THINK_MARKERS + CALL_MARKERS) -> str | None:
     """Markup a parser should have consumed that its content or reasoning still holds (a bare </think> in content)."""
     for part in ("content", "reasoning"):
         found = [m for m in markers if m in (split.get(part) or "")]

@@ -156,8 +156,10 @@ def _judge(judging: Judging, case: Case, name: str, parsers) -> dict | None:
                                    "same ids unstreamed as the reference's"))
         else:
             findings.append((difference.kind, f"{difference.words}: the server's parse of the reference's own ids"))
+    markers = (tool_rules.THINK_MARKERS if parsers.reasoning_parser else ()) + \
+        (tool_rules.CALL_MARKERS if parsers.tool_parser else ())  # an absent parser's markup stays: warned
     leaks = {f"{where}: {leak}" for where, read in (("its answer", split), ("its parsers, unstreamed", offline))
-             if (leak := tool_rules.leaked_markup(read))}
+             if (leak := tool_rules.leaked_markup(read, markers))}
     findings.extend(("reasoning-split", leak) for leak in sorted(leaks))
     chunk_findings = split_differences(parsing, parsing.decode(own_ids), own_ids, result.prompt_ids,
                                        lambda whole, streamed: _words(tool_rules.split_difference(whole, streamed)))

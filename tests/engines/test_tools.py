@@ -25,10 +25,14 @@ TIME = {"name": "local_time", "arguments": {"city": "Paris"}}
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("agent")
-    # llama-cpp-python's server asked for thinking off per request, which it takes only at start
+    # real differences: llama-cpp-python's server asked for thinking off per request, which it takes only at start;
+    # vLLM's server given a tool without a description
     no_thinking = (SCENARIOS / "agent-llamacpp.yaml").read_text().replace("name: agent-llamacpp", "name: no-thinking")
-    no_thinking = write_scenario(out.parent / "no-thinking.yaml", no_thinking.replace(
-        "  - id: calls\n", "  - id: calls\n    chat_template_kwargs: {enable_thinking: false}\n"))
+    no_thinking = no_thinking.replace('      description: "The local time in a city."\n', "").replace(
+        "  - id: calls\n", "  - id: calls\n    chat_template_kwargs: {enable_thinking: false}\n").replace(
+        "engines:\n", "engines:\n  vllm-server:\n    engine: vllm-server\n"
+                      "    options: {endpoint: chat, tool_parser: hermes}\n")
+    no_thinking = write_scenario(out.parent / "no-thinking.yaml", no_thinking)
     run = parity("run", *(str(SCENARIOS / f"agent-{name}.yaml") for name in ("tools", "faults", "llamacpp")),
                  str(no_thinking), out=out)
     assert run.code == 1, run.stdout[-3000:] + run.stderr[-3000:]  # the faults scenarios fail, as they must
@@ -103,9 +107,25 @@ def test_llama_cpp_server_answers_within_its_limits_each_said(runs) -> None:
 
 def test_a_switch_llama_cpp_takes_only_at_start_is_named_where_the_prompts_part(runs) -> None:
     tools, _, verdicts = runs["no-thinking"]
+    tools = tools[tools.engine.str.startswith("llama.cpp")]
+    verdicts = verdicts[verdicts.engine.str.startswith("llama.cpp")]
     calls = tools[tools.case_id == "calls"].set_index("engine")
     assert set(calls.tools_check) == {"template, not-applied"} and not calls.expected.any()
-    assert set(calls.prompt) == {"at token 208 of 212 (what the template switches change (enable_thinking))"}
+    assert set(calls.prompt) == {"at token 197 of 201 (what the template switches change (enable_thinking))"}
     assert 'chat_template_kwargs={"enable_thinking": false} NOT APPLIED' in calls.explanation.iloc[0]
     assert set(verdicts[verdicts.case_id == "calls"].verdict) == {"diverged"}
     assert tools[tools.case_id == "after-results"].expected.all()
+
+
+def test_vllms_server_renders_a_tool_without_description_otherwise_than_transformers(runs) -> None:
+    """A real difference the tools verdict found: vLLM's server (0.32) writes `"description": null` into the tools
+    block for a tool that has none, where transformers and vLLM's own offline chat path leave it out."""
+    tools, results, _ = runs["no-thinking"]
+    server = tools[tools.engine == "vllm-server"]
+    assert set(server.tools_check) == {"template"} and len(server) == 2, server.explanation
+    assert all(p.endswith("(the tools block)") for p in server.prompt)
+    prompt = list(results[(results.engine == "vllm-server") & (results.case_id == "calls")].prompt_ids.iloc[0])
+    from harness.scenario.prompts import load_tokenizer
+
+    assert '"name": "local_time", "description": null' in load_tokenizer(models.resolve("tiny-agent", "float32")) \
+        .decode(prompt)
