@@ -57,6 +57,11 @@ class Options(InProcessOptions, ParserOptions):
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 
 
+def renders_own_chat(options: dict[str, Any]) -> bool:
+    """Whether an engine's options have vLLM render chat prompts through its own chat path (render: vllm)."""
+    return options.get("render") == "vllm"
+
+
 def knobs(name: str, options: EngineOptions) -> Knob:
     """How vLLM turns the invariance knobs: batching and order through the requests of one generate() call,
     the rest through its engine configuration (each distinct configuration is one engine load)."""
@@ -350,7 +355,7 @@ class Engine:
         ids: list[str] = [""] * len(requests)
         groups: dict[str, list[int]] = {}
         for i, request in enumerate(requests):
-            own = self.options.render == "vllm" and request.messages is not None
+            own = renders_own_chat(self.options.model_dump()) and request.messages is not None
             key = json.dumps([request.tools, request.chat_template_kwargs], sort_keys=True) if own else ""
             groups.setdefault(key, []).append(i)
         for key, members in groups.items():

@@ -3,6 +3,8 @@ two prompts part by template part; and what agent requests may hold (harness.cor
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -114,3 +116,24 @@ def test_a_usable_exchange_passes_and_goes_on_the_wire_with_ids_and_json_string_
 def test_a_tool_that_is_no_function_definition_is_refused(tool, words) -> None:
     with pytest.raises(ValidationError, match=words.replace("(", r"\(").replace(")", r"\)")):
         Tool(**tool)
+
+
+def test_params_says_who_renders_and_parses_for_each_engine() -> None:
+    from harness.scenario.spec import load
+    from harness.semantics import agents
+
+    root = Path(__file__).parents[2] / "scenarios"
+    scenario = load(root / "agent-tools.yaml")
+    table = {row[0]: row[1:] for row in agents.rows(scenario, list(scenario.spec.engines))}
+    assert table["hf"] == ["the harness (its ids)", "-", "-", "the harness's render"]
+    assert table["vllm"] == ["vLLM's own chat path", "hermes (vllm's parser, run on its text)",
+                             "qwen3 (vllm's parser, run on its text)", "per request (vLLM's chat path)"]
+    assert table["vllm-server"] == ["the server's own template", "hermes (the server's parser)",
+                                    "qwen3 (the server's parser)", "per request"]
+    scenario = load(root / "agent-llamacpp.yaml")
+    assert agents.rows(scenario, ["llama.cpp-server"]) == [[
+        "llama.cpp-server", "its GGUF's embedded template", "only for a named tool_choice", "none",
+        "at start only: {}"]]
+    faults = load(root / "agent-faults.yaml")
+    assert agents.rows(faults, ["whole-call-and-template"])[0][1] == "--chat-template template-copy.jinja"
+    assert agents.wanted(scenario) and not agents.wanted(load(root / "quickstart.yaml"))
