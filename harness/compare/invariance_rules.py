@@ -4,8 +4,9 @@ the same engine; this module judges the pair. Knows nothing about engines.
 
 Verdicts per knob, over all its cases:
   identical         token ids, chosen logprobs and top-k lists bitwise equal
-  text_diverged     token ids equal but the text or the finish reason differs, or a streamed answer's chunks are not
-                    whole text (a character split between chunks, a stop string leaked): the client reads another answer
+  text_diverged     token ids equal but the text or the finish reason differs, an answer the server split (calls,
+                    reasoning) splits otherwise, or a streamed answer's chunks are not whole text (a character split
+                    between chunks, a stop string leaked): the client reads another answer
   tokens_identical  token ids equal; the largest chosen-token |delta logprob| is the drift
   diverged          tokens differ: at the first divergent case and step, a near-tie flip when the baseline's top-2
                     margin there, and the drift on the steps both shared, are within twice the engine's own noise
@@ -30,7 +31,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel
 
-from harness.compare import text_rules
+from harness.compare import text_rules, tool_rules
 from harness.compare.diff import compare
 from harness.compare.sampling_parity import described, g_test, prefixes
 from harness.compare.tie_noise import BAND
@@ -103,12 +104,17 @@ def judge_pair(baseline: list[Result], variant: list[Result], decode: Callable[[
 
 
 def answer_differences(baseline: list[Result], variant: list[Result]) -> list[tuple[str, str]]:
-    """(case, what differs) where the client reads another answer from equal ids: the text, the finish reason, or a
-    streamed answer's chunks (text_rules.delta_findings)."""
+    """(case, what differs) where the client reads another answer from equal ids: the text, or for an answer the
+    server split, its calls (as JSON values), reasoning and content (tool_rules: whitespace alone is no finding); the
+    finish reason; a streamed answer's chunks (text_rules.delta_findings)."""
     found = []
     for a, b in zip(baseline, variant, strict=True):
         problems = []
-        if a.text != b.text:
+        if a.message or b.message:
+            split = tool_rules.split_difference(a.message or {"content": a.text}, b.message or {"content": b.text})
+            if split is not None:
+                problems.append(f"the answer splits otherwise: {split.words}")
+        elif a.text != b.text:
             problems.append(text_rules.text_difference(b.text, a.text, against="the baseline's", finding=""))
         if a.finish_reason.lower() != b.finish_reason.lower():
             problems.append(f"finish reason {a.finish_reason!r} against {b.finish_reason!r}")

@@ -14,8 +14,9 @@ bias slot):
   the token it reads into slot d;
 - layer 1's MLP has one unit per context of the scripts: it fires only where all four slots hold that context's
   tokens (four matches against a threshold of 3.5) and writes its next token's direction into the decision slot;
-- the head (untied) reads the decision slot. The builder checks that the four-token context tells every step of every
-  script apart; every other weight is small noise that moves no choice.
+- the head (untied) reads the decision slot, where each unit also writes a runner-up (one token the scripts never
+  write) at RUNNER_UP of the next token's logit. The builder checks that the four-token context tells every step of
+  every script apart; every other weight is small noise that moves no choice.
 The tokenizer is SmolLM2's with <think>, </think>, <tool_call>, </tool_call>, <tool_response>, </tool_response> added
 (plain added tokens, as Qwen3 has them), and the chat template (agent_template.jinja) is a Qwen3-style one written
 for this project: a tools block in the system turn, calls in <tool_call> tags, tool results as user turns, and an
@@ -39,7 +40,12 @@ HEAD_DIM = 64
 SCORE = 25.0  # the previous-token heads' scale: about 27 nats between the token read and its neighbours
 FIRE = 20.0  # a context unit's gate: silu(10) where its four tokens match, silu(-10) where three do
 DECISION = 0.2  # what a firing unit writes into the decision slot, per unit of its gate's output
-LOGIT = 4.0  # the head's scale: a script's next token about 50 nats above any other
+LOGIT = 4.0  # the head's scale: a script's next token at about 52
+# every step's runner-up, the same token throughout (one the scripts never write), at this share of the next token's
+# logit: 10 nats below it, so a repetition penalty of 1.3 on a token already seen flips it (what the invariance
+# checks' negative control needs to see), while rounding never does
+RUNNER_UP = 0.8
+RUNNER_UP_TOKEN = 49151  # SmolLM2's last regular token ('ectable')
 
 
 @dataclass(frozen=True)
@@ -126,7 +132,9 @@ def build(tokenizer: Any) -> Any:
         embed[:, :SLOT] = identity
         embed[:, BIAS] = 1.0  # the bias slot's constant: every embedding has norm sqrt(2)
         _previous_token_heads(model.model.layers[0].self_attn, hidden, THETA)
-        successors = _identities(len(tokenizer), set(table.values()), scale=0.0)
+        if RUNNER_UP_TOKEN in {t for key in table for t in key} | set(table.values()):
+            raise ValueError(f"tiny-agent's scripts write its runner-up token {RUNNER_UP_TOKEN}: pick another")
+        successors = _identities(len(tokenizer), set(table.values()) | {RUNNER_UP_TOKEN}, scale=0.0)
         _context_units(model.model.layers[1].mlp, identity, successors, table, hidden)
         model.lm_head.weight.zero_()
         model.lm_head.weight[:, DECIDE:DECIDE + SLOT] = successors * LOGIT
@@ -174,7 +182,7 @@ def _previous_token_heads(attention: Any, hidden: int, theta: float) -> None:
 
 def _context_units(mlp: Any, identity: Any, successors: Any, table: dict[tuple[int, ...], int], hidden: int) -> None:
     """One MLP unit per context: gate FIRE x (matching slots - 3.5), up 1 (from the bias slot), down the next
-    token's direction in the decision slot."""
+    token's direction in the decision slot, with the runner-up's at RUNNER_UP of it."""
     rms = (CONTEXT + 1.0) ** 0.5 / hidden ** 0.5  # the residual's RMS here: four identities and the bias
     for weight in (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight):
         weight.zero_()
@@ -183,4 +191,5 @@ def _context_units(mlp: Any, identity: Any, successors: Any, table: dict[tuple[i
             mlp.gate_proj.weight[unit, d * SLOT:(d + 1) * SLOT] = identity[token] * FIRE * rms
         mlp.gate_proj.weight[unit, BIAS] = -(CONTEXT - 0.5) * FIRE * rms
         mlp.up_proj.weight[unit, BIAS] = rms
-        mlp.down_proj.weight[DECIDE:DECIDE + SLOT, unit] = successors[following] * DECISION
+        mlp.down_proj.weight[DECIDE:DECIDE + SLOT, unit] = (successors[following]
+                                                            + successors[RUNNER_UP_TOKEN] * RUNNER_UP) * DECISION

@@ -267,7 +267,8 @@ MODELS: dict[str, NamedModel] = {
        for name, family in tiny.FAMILIES.items()},
     "tiny-agent": NamedModel(
         "tiny-agent", "2-layer Llama whose greedy answer follows a script (a think block and two tool calls in "
-        "<tool_call> tags; with thinking off, a plain answer), Qwen3-style chat template with tools and "
+        "<tool_call> tags; with thinking off, a plain answer; one runner-up 10 nats below every step), Qwen3-style "
+        "chat template with tools and "
         "enable_thinking, SmolLM2 tokenizer with the think and tool tokens added", _build_tiny_agent,
         tokenizer_gguf=smollm2_gguf_path, on_demand=True, family="llama", cost="seconds"),
     "gemma3-270m": NamedModel(

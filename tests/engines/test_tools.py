@@ -38,7 +38,9 @@ def runs(tmp_path_factory):
     assert run.code == 1, run.stdout[-3000:] + run.stderr[-3000:]  # the faults scenarios fail, as they must
     dirs = {d.name.split("-", 2)[-1]: d for d in out.iterdir()}
     return {name: (pd.read_parquet(d / "tools.parquet"), pd.read_parquet(d / "results.parquet"),
-                   pd.read_parquet(d / "verdicts.parquet")) for name, d in dirs.items()}
+                   pd.read_parquet(d / "verdicts.parquet"),
+                   pd.read_parquet(d / "invariance.parquet") if (d / "invariance.parquet").exists() else None)
+            for name, d in dirs.items()}
 
 
 def _calls(split: str) -> list[dict]:
@@ -46,7 +48,7 @@ def _calls(split: str) -> list[dict]:
 
 
 def test_every_engine_reads_the_same_calls_and_thinking_as_hf(runs) -> None:
-    tools, _, verdicts = runs["agent-tools"]
+    tools, _, verdicts, _ = runs["agent-tools"]
     assert set(verdicts.verdict) == {"match"}, verdicts
     assert tools.expected.all() and set(tools.tools_check) == {"same"}, tools[["engine", "explanation"]]
     assert len(tools) == 6 and set(tools.prompt) == {"same"}  # the server rendered the tools as the harness does
@@ -60,10 +62,12 @@ def test_every_engine_reads_the_same_calls_and_thinking_as_hf(runs) -> None:
         assert json.loads(row.chunkings) == {}
     streamed = tools[(tools.engine == "vllm-server-stream") & (tools.case_id == "calls")].iloc[0]
     assert "content differs in whitespace only ('\\n\\n' against '')" in streamed.explanation
+    knobs = runs["agent-tools"][3].set_index("knob")  # the server unstreamed against itself streamed
+    assert knobs.loc["stream", "verdict"] == "identical" and knobs.loc["control", "verdict"] == "diverged"
 
 
 def test_planted_faults_are_named_by_kind_with_the_ids_identical(runs) -> None:
-    tools, results, _ = runs["agent-faults"]
+    tools, results, _, _ = runs["agent-faults"]
     kinds = {row.engine: row.tools_check.split(", ") for row in tools.itertuples()}
     assert kinds == {"brace-and-leak": ["streamed-call", "reasoning-split", "split"],
                      "whole-call-and-template": ["template", "split"]}, tools[["engine", "explanation"]]
@@ -74,6 +78,9 @@ def test_planted_faults_are_named_by_kind_with_the_ids_identical(runs) -> None:
     assert '"celsius"\' are not JSON' in rows.loc["brace-and-leak", "explanation"]
     ids = {r.engine: list(r.token_ids) for r in results.itertuples()}
     assert ids["brace-and-leak"] == ids["hf"] == ids["whole-call-and-template"]
+    knobs = runs["agent-faults"][3].set_index("knob")  # the stream knob reads the streamed-call fault too
+    assert knobs.loc["stream", "verdict"] == "text_diverged"
+    assert "the answer splits otherwise: call 0 (get_weather): arguments" in knobs.loc["stream", "explanation"]
 
 
 def test_the_harness_renders_tools_and_switches_as_transformers_does() -> None:
@@ -95,7 +102,7 @@ def test_the_harness_renders_tools_and_switches_as_transformers_does() -> None:
 
 
 def test_llama_cpp_server_answers_within_its_limits_each_said(runs) -> None:
-    tools, _, verdicts = runs["agent-llamacpp"]
+    tools, _, verdicts, _ = runs["agent-llamacpp"]
     assert set(verdicts.verdict) == {"match"} and tools.expected.all(), tools[["engine", "explanation"]]
     assert set(tools.tools_check) == {"not-applied"} and len(tools) == 4
     assert set(tools.prompt) == {"same (its GGUF's embedded template, rendered here)"}
@@ -106,7 +113,7 @@ def test_llama_cpp_server_answers_within_its_limits_each_said(runs) -> None:
 
 
 def test_a_switch_llama_cpp_takes_only_at_start_is_named_where_the_prompts_part(runs) -> None:
-    tools, _, verdicts = runs["no-thinking"]
+    tools, _, verdicts, _ = runs["no-thinking"]
     tools = tools[tools.engine.str.startswith("llama.cpp")]
     verdicts = verdicts[verdicts.engine.str.startswith("llama.cpp")]
     calls = tools[tools.case_id == "calls"].set_index("engine")
@@ -120,7 +127,7 @@ def test_a_switch_llama_cpp_takes_only_at_start_is_named_where_the_prompts_part(
 def test_vllms_server_renders_a_tool_without_description_otherwise_than_transformers(runs) -> None:
     """A real difference the tools verdict found: vLLM's server (0.32) writes `"description": null` into the tools
     block for a tool that has none, where transformers and vLLM's own offline chat path leave it out."""
-    tools, results, _ = runs["no-thinking"]
+    tools, results, _, _ = runs["no-thinking"]
     server = tools[tools.engine == "vllm-server"]
     assert set(server.tools_check) == {"template"} and len(server) == 2, server.explanation
     assert all(p.endswith("(the tools block)") for p in server.prompt)

@@ -137,3 +137,19 @@ def test_params_says_who_renders_and_parses_for_each_engine() -> None:
     faults = load(root / "agent-faults.yaml")
     assert agents.rows(faults, ["whole-call-and-template"])[0][1] == "--chat-template template-copy.jinja"
     assert agents.wanted(scenario) and not agents.wanted(load(root / "quickstart.yaml"))
+
+
+def test_the_stream_knob_reads_a_split_answer_by_its_calls_and_reasoning() -> None:
+    from harness.compare.invariance_rules import answer_differences
+    from harness.core.types import Result
+
+    def result(message, text=""):
+        return Result(case_id="c", engine="e", status="ok", token_ids=[1, 2], text=text, finish_reason="tool_calls",
+                      message=message)
+
+    whole = split([WEATHER, TIME], content="", reasoning="I check.")
+    spaced = split([WEATHER, {**TIME, "arguments": '{"city": "Paris"}'}], content="\n\n", reasoning="I check.")
+    assert answer_differences([result(whole)], [result(spaced, "\n\n")]) == []
+    cut = split([{**WEATHER, "arguments": WEATHER["arguments"][:-1]}, TIME], reasoning="I check.")
+    [(case, words)] = answer_differences([result(whole)], [result(cut)])
+    assert case == "c" and words.startswith("the answer splits otherwise: call 0 (get_weather): arguments")
