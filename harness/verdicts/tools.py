@@ -72,10 +72,10 @@ class ToolVerdicts(VerdictFamily):
         findings = rows[~rows.expected]
         if findings.empty:
             same = int((rows.tools_check == SAME).sum())
-            limited = f"; {len(rows) - same} answered within the engine's limits, said (not applied)" \
-                if same < len(rows) else ""
-            console.print(f"tools: {same} answers split as the reference's (prompts, calls, reasoning, chunks)"
-                          f"{limited}")
+            parts = [f"{same} answers split as the reference's (prompts, calls, reasoning, chunks)"] if same else []
+            if same < len(rows):
+                parts.append(f"{len(rows) - same} answered within their engine's limits, said (not applied)")
+            console.print(f"tools: {'; '.join(parts)}")
             return
         print_table("tools: answers that do not split as the reference's", HEADERS, tools_rows(findings),
                     [["", "", "bold red", *[""] * 5] for _ in range(len(findings))])
