@@ -138,11 +138,17 @@ def _judge(judging: Judging, case: Case, name: str, parsers) -> dict | None:
     from adapters.engines.engine_parsers import parsing_for
     from adapters.engines.parser_runs import split_differences
 
-    parsing = parsing_for(scenario.spec.engines[name].engine, parsers, scenario.engine(name).model_folder,
-                          _request(scenario, case))
     ref_ids, own_ids = _answer_ids(reference, judging.eos_ids), _answer_ids(result, judging.eos_ids)
-    reference_split = parsing.whole(parsing.decode(ref_ids), ref_ids, reference.prompt_ids)
-    offline = parsing.whole(parsing.decode(own_ids), own_ids, result.prompt_ids)
+    try:
+        parsing = parsing_for(scenario.spec.engines[name].engine, parsers, scenario.engine(name).model_folder,
+                              _request(scenario, case))
+        reference_split = parsing.whole(parsing.decode(ref_ids), ref_ids, reference.prompt_ids)
+        offline = parsing.whole(parsing.decode(own_ids), own_ids, result.prompt_ids)
+    except Exception as exc:  # an unknown parser name, one that refuses the model's vocabulary, one that raises
+        row.update(split=json.dumps(result.message or {}), reference_split="{}")
+        findings.append(("parser-error", f"its parsers ({row['parsers']}) could not read the answers: "
+                                         f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"))
+        return _finish(row, findings, [])
     split = result.message or offline
     row.update(split=json.dumps(split), reference_split=json.dumps(reference_split))
     difference = tool_rules.split_difference(reference_split, split)
