@@ -7,9 +7,9 @@ wire form (arguments as a JSON string: wire_messages)."""
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 
@@ -24,16 +24,14 @@ def _name(value: str) -> str:
     return value
 
 
+FunctionName = Annotated[str, AfterValidator(_name)]
+
+
 class Function(Strict):
-    name: str
+    name: FunctionName
     description: str | None = None
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
     strict: bool | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _check_name(cls, name: str) -> str:
-        return _name(name)
 
     @field_validator("parameters")
     @classmethod
@@ -72,13 +70,8 @@ ToolChoice = Literal["auto", "none", "required"] | NamedChoice
 
 
 class CallFunction(Strict):
-    name: str
+    name: FunctionName
     arguments: dict[str, Any] | str  # a string must hold a JSON object
-
-    @field_validator("name")
-    @classmethod
-    def _check_name(cls, name: str) -> str:
-        return _name(name)
 
     @field_validator("arguments")
     @classmethod

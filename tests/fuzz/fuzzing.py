@@ -27,3 +27,20 @@ def check(done, path: Path | None = None) -> None:
         assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
         if path is not None and done.code == 2:
             assert str(path) in lines[0], lines[0]
+
+
+def validated(path: Path, odd: list[str] | None):
+    """`parity validate` in-process: exit 0 where the change is usable (odd []), exit 2 in one line naming the
+    scenario and every word of `odd` where it is not (odd None: either, never a traceback)."""
+    from helpers import parity_in_process
+
+    done = parity_in_process("validate", str(path))
+    check(done, path)
+    if odd is None:
+        assert done.code in (0, 2), done.stderr
+    elif odd:
+        assert done.code == 2, (odd, done.stdout)
+        assert all(word in done.stderr for word in odd), (odd, done.stderr)
+    else:
+        assert done.code == 0, done.stderr
+    return done

@@ -26,8 +26,7 @@ from safetensors.numpy import save_file
 
 from harness import models
 
-from fuzzing import NOWHERE, check, fuzz_settings
-from helpers import parity_in_process
+from fuzzing import NOWHERE, fuzz_settings, validated
 
 EXAMPLES = {"lora": 300, "config": 300, "constraint": 300}
 NUMBERED = itertools.count()  # file names: hypothesis seeds `random` alike on every replay of an example
@@ -65,21 +64,6 @@ def _scenario(workdir: Path, data: dict[str, Any] | str) -> Path:
 def _base_scenario(**extra: Any) -> dict[str, Any]:
     return {"model": "tiny-llama", "engines": copy.deepcopy(ENGINES), "prompts": ["hello"],
             "params": {"temperature": 0, "max_new_tokens": 4}, **extra}
-
-
-def _validated(path: Path, odd: list[str] | None):
-    """`parity validate`: exit 0 where the change is usable, exit 2 in one line naming the scenario and every word of
-    `odd` where it is not (odd None: either, never a traceback)."""
-    done = parity_in_process("validate", str(path))
-    check(done, path)
-    if odd is None:
-        assert done.code in (0, 2), done.stderr
-    elif odd:
-        assert done.code == 2, (odd, done.stdout)
-        assert all(word in done.stderr for word in odd), (odd, done.stderr)
-    else:
-        assert done.code == 0, done.stderr
-    return done
 
 
 # --- LoRA adapter folders -----------------------------------------------------------------------------------------
@@ -179,7 +163,7 @@ def test_fuzzed_adapter_folders_are_one_line_errors_naming_file_and_key(workdir:
     folder = workdir / "adapters" / f"a{next(NUMBERED)}"
     _write_adapter(folder, _adapter_tensors(base), change)
     scenario = _base_scenario(model=f"tiny-llama+{folder}") if merged else _base_scenario(lora=str(folder))
-    done = _validated(_scenario(workdir, scenario), change[2])
+    done = validated(_scenario(workdir, scenario), change[2])
     if done.code == 2:
         assert ("model: " if merged else "lora: ") in done.stderr, done.stderr
 
@@ -188,7 +172,7 @@ def test_the_unfuzzed_adapter_validates_both_ways(workdir: Path, base: Path) -> 
     folder = workdir / "adapters" / "usable"
     _write_adapter(folder, _adapter_tensors(base), ("none", None, []))
     for scenario in (_base_scenario(lora=str(folder)), _base_scenario(model=f"tiny-llama+{folder}")):
-        _validated(_scenario(workdir, scenario), [])
+        validated(_scenario(workdir, scenario), [])
 
 
 # --- a model folder's config.json: rope and mixture-of-experts values ----------------------------------------------
@@ -271,13 +255,13 @@ def test_fuzzed_model_configs_are_one_line_errors_naming_file_and_key(workdir: P
     else:
         config.update(values)
     (model_folder / "config.json").write_text(json.dumps(config, allow_nan=True))
-    _validated(_scenario(workdir, _base_scenario(model=str(model_folder))),
+    validated(_scenario(workdir, _base_scenario(model=str(model_folder))),
                [str(model_folder), "config.json", *odd] if odd else odd)
 
 
 def test_the_unchanged_model_folder_validates(workdir: Path, base: Path, model_folder: Path) -> None:
     (model_folder / "config.json").write_text((base / "config.json").read_text())
-    _validated(_scenario(workdir, _base_scenario(model=str(model_folder))), [])
+    validated(_scenario(workdir, _base_scenario(model=str(model_folder))), [])
 
 
 # --- constraint: blocks -------------------------------------------------------------------------------------------
@@ -349,10 +333,10 @@ def schemas(draw) -> tuple[str, list[str] | None]:
 def test_fuzzed_constraints_are_one_line_errors_naming_the_key(workdir: Path, block) -> None:
     text, odd = block
     scenario = yaml.safe_dump(_base_scenario(), sort_keys=False) + text
-    _validated(_scenario(workdir, scenario), odd)
+    validated(_scenario(workdir, scenario), odd)
 
 
 def test_yaml_booleans_in_choices_are_told_to_be_quoted(workdir: Path) -> None:
     """`choice: [yes, no]` reads as [True, False] (YAML 1.1): the error quotes the word as written."""
     path = _scenario(workdir, yaml.safe_dump(_base_scenario(), sort_keys=False) + "constraint: {choice: [yes, no]}\n")
-    _validated(path, ["constraint.choice.0", "yes is read as the boolean True", "quote it, 'yes'"])
+    validated(path, ["constraint.choice.0", "yes is read as the boolean True", "quote it, 'yes'"])
