@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from harness.core.agent_requests import template_messages
 from harness.core.types import Request, Result
@@ -12,7 +13,7 @@ from harness.core.vocabulary import SamplingParams
 from harness.plan import invariance_checks
 from harness.plan.plans import EnginePlan, engine_plan
 from harness.scenario.prompts import PromptTokenizer
-from harness.scenario.spec import LoadedScenario
+from harness.scenario.spec import LoadedScenario, PromptSpec
 
 
 def plan_engines(scenario: LoadedScenario, run_dir: Path, prompt_ids: dict[str, list[int]]) -> list[EnginePlan]:
@@ -21,11 +22,11 @@ def plan_engines(scenario: LoadedScenario, run_dir: Path, prompt_ids: dict[str, 
     return [engine_plan(scenario, name, run_dir, [
         Request(case_id=c.case_id, prompt_ids=prompt_ids[c.prompt.id],
                 params=_sample_params(c.engine_params[name], check), top_logprobs=spec.top_logprobs,
-                text=c.prompt.text, num_samples=check.samples if check else 1, **_agent_fields(scenario, c.prompt))
+                text=c.prompt.text, num_samples=check.samples if check else 1, **agent_fields(scenario, c.prompt))
         for c in scenario.cases]) for name in spec.engines]
 
 
-def _agent_fields(scenario: LoadedScenario, prompt) -> dict:
+def agent_fields(scenario: LoadedScenario, prompt: PromptSpec) -> dict[str, Any]:
     """A chat prompt's messages with what an agent sends beside them: the tools, the tool choice, the template's
     switches."""
     if prompt.messages is None:

@@ -17,16 +17,18 @@ from typing import Any
 
 import pandas as pd
 
+from adapters.engines.parser_runs import ParserOptions
 from harness.compare import agent_prompts, tool_rules
 from harness.compare.agent_prompts import SAME
 from harness.core.agent_requests import template_messages, wire_messages
 from harness.core.types import Result
+from harness.plan.requests import agent_fields
 from harness.render import markdown
 from harness.render.console import console, print_table
 from harness.render.html_parts import esc, expected_table
 from harness.render.page import Page
 from harness.scenario.prompts import load_tokenizer
-from harness.scenario.spec import Case
+from harness.scenario.spec import Case, LoadedScenario
 from harness.verdicts.family import Judged, Judging, VerdictFamily
 
 COLUMNS = {"case_id": "str", "engine": "str", "expected": "bool", "tools_check": "str", "parsers": "str",
@@ -93,7 +95,7 @@ class ToolVerdicts(VerdictFamily):
 FAMILY = ToolVerdicts()
 
 
-def _parsers(scenario, name: str):
+def _parsers(scenario: LoadedScenario, name: str) -> ParserOptions | None:
     from adapters.engines.engine_parsers import FAMILIES
     from adapters.engines.parser_runs import parsers_named
 
@@ -101,18 +103,11 @@ def _parsers(scenario, name: str):
     return parsers_named(engine.options) if engine.engine in FAMILIES else None
 
 
-def _request(scenario, case: Case) -> dict[str, Any]:
-    """The chat request's fields the parsers read (the API's form)."""
-    spec = scenario.spec
-    request: dict[str, Any] = {"messages": wire_messages(template_messages(case.prompt.messages))}
-    if spec.tools:
-        request["tools"] = spec.tool_dicts()
-    if spec.tool_choice is not None:
-        request["tool_choice"] = spec.tool_choice_value()
-    kwargs = spec.template_kwargs(case.prompt)
-    if kwargs:
-        request["chat_template_kwargs"] = kwargs
-    return request
+def _request(scenario: LoadedScenario, case: Case) -> dict[str, Any]:
+    """The chat request's fields the parsers read, as the engines were sent them (the API's form)."""
+    fields = agent_fields(scenario, case.prompt)
+    return {"messages": wire_messages(fields["messages"]),
+            **{key: value for key, value in fields.items() if key != "messages" and value}}
 
 
 def _answer_ids(result: Result, eos_ids: set[int]) -> list[int]:
@@ -120,7 +115,7 @@ def _answer_ids(result: Result, eos_ids: set[int]) -> list[int]:
     return ids[:-1] if ids and ids[-1] in eos_ids else ids
 
 
-def _judge(judging: Judging, case: Case, name: str, parsers) -> dict | None:
+def _judge(judging: Judging, case: Case, name: str, parsers: ParserOptions | None) -> dict | None:
     scenario = judging.scenario
     reference = judging.results.get((scenario.spec.reference, case.case_id))
     result = judging.results.get((name, case.case_id))
