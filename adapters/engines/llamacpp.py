@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from adapters.contract import (
     Capabilities,
@@ -41,15 +41,41 @@ from harness.core.types import EngineSetup, Request, Result, TraceRequest, Trace
 from harness.core.vocabulary import SamplingParams
 from harness.models.catalog import gguf_metadata
 
-GGML_TYPES = {"f32": 0, "f16": 1}  # ggml_type of the KV cache
+GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8}  # ggml_type of the KV cache
+CacheType = Literal["f32", "f16", "q8_0", "q4_0"]
 
 
-class Options(EngineOptions):
+class CacheOptions(EngineOptions):
+    """The KV cache of both llama.cpp engines: kv_cache for K and V, kv_cache_k / kv_cache_v for one of them. f32
+    keeps attention in f32 (llama.cpp's default: f16); q8_0 and q4_0 quantise it, and llama.cpp quantises the V cache
+    only with flash attention (it fails to create the context otherwise), so a quantised V needs flash_attn."""
+
+    kv_cache: CacheType = "f32"
+    kv_cache_k: CacheType | None = None
+    kv_cache_v: CacheType | None = None
+    flash_attn: bool = False  # llama-cpp-python's default (off)
+
+    @model_validator(mode="after")
+    def _quantised_v_needs_flash_attention(self) -> CacheOptions:
+        v = self.cache_types()[1]
+        if v.startswith("q") and not self.flash_attn:
+            raise ValueError(f"a {v} V cache: llama.cpp quantises the V cache only with flash attention: set "
+                             "flash_attn: true (or quantise K alone: kv_cache_k)")
+        return self
+
+    def cache_types(self) -> tuple[str, str]:
+        """(K, V) cache types."""
+        return self.kv_cache_k or self.kv_cache, self.kv_cache_v or self.kv_cache
+
+    def cache_words(self) -> str:
+        k, v = self.cache_types()
+        return k if k == v else f"K {k}, V {v}"
+
+
+class Options(CacheOptions):
     # which GGUF of the scenario's model: f32, f16 (written from the HF folder's weights), q8_0, q4_k_m (llama.cpp's
     # quantiser on the f32 file), bundled (the GGUF the named model was converted from), or a path to a .gguf file
     gguf: str = "f32"
-    kv_cache: Literal["f32", "f16"] = "f32"  # KV cache type; f32 keeps attention in f32 (llama.cpp's default: f16)
-    flash_attn: bool = False  # llama-cpp-python's default (off)
     last_n_tokens: int = Field(64, ge=0)  # the penalties' window of generated tokens (llama-cpp-python's default)
     # llama.cpp's extra weight buffers (AMX and repacked layouts of quantised weights, its default: on); auto: off on
     # a CPU whose build uses AMX, where llama-cpp-python 0.3.36 crashes (SIGSEGV) evaluating a quantised model with
@@ -251,7 +277,7 @@ class Engine:
                 model_path=self.path, n_ctx=self.n_ctx, n_batch=self.n_ctx, n_ubatch=self.n_ctx,
                 n_threads=self.threads, n_threads_batch=self.threads, logits_all=True,
                 flash_attn=self.options.flash_attn,
-                type_k=GGML_TYPES[self.options.kv_cache], type_v=GGML_TYPES[self.options.kv_cache],
+                type_k=GGML_TYPES[self.options.cache_types()[0]], type_v=GGML_TYPES[self.options.cache_types()[1]],
                 last_n_tokens_size=self.options.last_n_tokens, verbose=False, **yarn_betas(self.path),
                 lora_path=str(adapter_gguf(setup.model_path, Path(setup.lora.path))) if setup.lora else None)
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
@@ -272,7 +298,8 @@ class Engine:
 
         return {"llama-cpp-python": installed_version("llama-cpp-python"), "gguf": os.path.basename(self.path),
                 "weights": self._file_type(), "tensor_types": describe(Path(self.path)),
-                "kv_cache": self.options.kv_cache, "n_ctx": self._context(),
+                "kv_cache": self.options.cache_words(), "flash_attn": "on" if self.options.flash_attn else "off",
+                "n_ctx": self._context(),
                 "extra_buffers": "on" if self.extra_buffers else "off"}
 
     def _context(self) -> str:

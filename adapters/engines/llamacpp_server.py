@@ -20,6 +20,7 @@ from adapters.engines import llamacpp_gguf
 from adapters.engines.gguf_tensors import describe
 from adapters.engines.llamacpp import (
     GGML_TYPES,
+    CacheOptions,
     asked_context,
     context_size,
     extra_buffers,
@@ -54,13 +55,12 @@ SERVER_SETTINGS = frozenset((
     "yarn_orig_ctx"))
 
 
-class Options(ServedOptions):
+class Options(ServedOptions, CacheOptions):
     _endpoint = endpoint_checked(DIALECT)
     gguf: str = "f32"  # as for the llama.cpp engine: f32, f16, q8_0, q4_k_m, bundled or a path to a .gguf file
     # the chat template's switches, which llama_cpp.server takes only when it starts (--chat_template_kwargs): a
     # request asking for others is answered without them, warned NOT APPLIED
     chat_template_kwargs: dict[str, Any] | None = None
-    kv_cache: Literal["f32", "f16"] = "f32"
     last_n_tokens: int = Field(64, ge=0)  # the penalties' window (--last_n_tokens_size)
     extra_buffers: Literal["auto", "on", "off"] = "auto"  # as for the llama.cpp engine (auto: off where AMX is used)
     n_ctx: int | None = Field(None, ge=1)  # as for the llama.cpp engine (--n_ctx; unset: the run's, rounded up)
@@ -89,12 +89,13 @@ def command(setup: EngineSetup, port: int, options: Options, gguf: str, threads:
     buffers (buffers: on or off) that llama_cpp.server has no setting for; its context is n_ctx (context_size: the
     n_ctx option's, or the run's rounded up) and a YaRN file's betas are passed as settings (the server would give
     llama.cpp its own)."""
-    kv = str(GGML_TYPES[options.kv_cache])
+    k, v = (str(GGML_TYPES[kind]) for kind in options.cache_types())
     betas = [arg for name, value in yarn_betas(gguf).items() for arg in (f"--{name}", str(value))]
     return [sys.executable, "-m", "adapters.engines.llamacpp_serve", "on" if buffers else "off",
             "--model", gguf, "--host", options.bind, "--port", str(port),
             "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx),
-            "--n_batch", str(n_ctx), "--logits_all", "true", "--type_k", kv, "--type_v", kv,
+            "--n_batch", str(n_ctx), "--logits_all", "true", "--type_k", k, "--type_v", v,
+            "--flash_attn", "true" if options.flash_attn else "false",
             "--last_n_tokens_size", str(options.last_n_tokens), *betas,
             "--interrupt_requests", "false",  # a request arriving would cut a streamed answer short (its default)
             *(["--chat_template_kwargs", json.dumps(options.chat_template_kwargs)]
@@ -171,6 +172,8 @@ class Engine(ServedEngine):
         info = {**super().versions(), "llama-cpp-python": installed_version("llama-cpp-python")}
         if not self.options.url:
             info["gguf"] = os.path.basename(self.gguf)
+            info["kv_cache"] = self.options.cache_words()
+            info["flash_attn"] = "on" if self.options.flash_attn else "off"
             info["tensor_types"] = describe(Path(self.gguf))
             info["extra_buffers"] = "on" if self.extra_buffers else "off"
             info["n_ctx"] = asked_context(self.n_ctx, self.options.n_ctx)
