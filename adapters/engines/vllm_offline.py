@@ -49,12 +49,30 @@ class Options(InProcessOptions, ParserOptions):
     max_num_batched_tokens: int | None = Field(None, ge=8)  # the prefill chunk size when chunked prefill is on
     speculative: dict[str, Any] | None = None  # vLLM's speculative_config, e.g. {method: ngram, ...}
     batch_invariant: bool = False  # VLLM_BATCH_INVARIANT=1: vLLM's promise of batch-invariant results
+    # the KV cache's dtype (vLLM's kv_cache_dtype; fp8 needs AVX-512 on the CPU attention backend): auto keeps the
+    # model's dtype
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
     # chat prompts: harness (the harness's ids, as every engine gets them) or vllm (rendered by vLLM's own chat path,
     # LLM.enqueue_chat with the tools and template switches: its prompt ids are then compared with the harness's)
     render: Literal["harness", "vllm"] = "harness"
 
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+def fp8_cache_problem(kv_cache_dtype: str) -> str | None:
+    """Why this processor cannot hold vLLM's KV cache in fp8, or None: vLLM's CPU attention backend quantises it
+    with AVX-512 kernels only."""
+    if not kv_cache_dtype.startswith("fp8"):
+        return None
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None  # not Linux: vLLM says for itself
+    if " avx512f" in flags:
+        return None
+    return (f"kv_cache_dtype {kv_cache_dtype}: vLLM's CPU attention quantises the KV cache with AVX-512 kernels, "
+            "which this processor lacks: use kv_cache_dtype auto, or run it on a processor with AVX-512")
 
 
 def renders_own_chat(options: dict[str, Any]) -> bool:
@@ -201,6 +219,9 @@ class Engine:
 
     def _load(self, setup: EngineSetup) -> None:
         trace, workdir = setup.trace, setup.workdir
+        problem = fp8_cache_problem(self.options.kv_cache_dtype)
+        if problem:
+            raise RuntimeError(problem)
         env = prepare_env(workdir, self.options, self.sockets)
         os.environ.update(env)
         if "vllm.envs" in sys.modules:  # a worker reused after another vLLM engine: vLLM cached its environment
@@ -223,7 +244,7 @@ class Engine:
                        # not recomputed, so a traced pass must not read one
                        enable_chunked_prefill=self.options.chunked_prefill,
                        max_num_batched_tokens=self.options.max_num_batched_tokens,
-                       speculative_config=self.options.speculative,
+                       speculative_config=self.options.speculative, kv_cache_dtype=self.options.kv_cache_dtype,
                        generation_config="vllm",  # no implicit defaults from the model's generation_config.json
                        **lora_kwargs(setup.lora))
         self.lora = lora_request(setup.lora)  # given with every request (None: no adapter)
@@ -298,7 +319,8 @@ class Engine:
         import torch
         import vllm
 
-        chosen = {"model_runner": model_runner(self.llm)}
+        cache = self.llm.llm_engine.vllm_config.cache_config
+        chosen = {"model_runner": model_runner(self.llm), "kv_cache": str(cache.cache_dtype)}
         if not self.options.multiprocessing:  # the model is in this process
             chosen["attention"] = attention_backend(self.llm.apply_model(lambda m: m)[0])
         return {"vllm": vllm.__version__, "torch": torch.__version__, **chosen}

@@ -19,6 +19,7 @@ from adapters.engines.vllm_lora import server_args
 from adapters.engines.vllm_offline import Options as OfflineOptions
 from adapters.engines.vllm_offline import (
     context_length,
+    fp8_cache_problem,
     prepare_env,
     speculative_not_applied,
 )
@@ -33,6 +34,7 @@ from harness.core.vocabulary import SamplingParams
 class Options(ServedOptions, ParserOptions):
     _endpoint = endpoint_checked("vllm")
     chat_template: str | None = None  # --chat-template FILE: another template than the model folder's
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"  # --kv-cache-dtype, as offline
     enforce_eager: bool = True
     kv_cache_gib: float = Field(1.0, gt=0)
     max_model_len: int | None = Field(None, ge=16)  # None: what the run needs (its longest prompt + new tokens)
@@ -81,6 +83,8 @@ def command(setup: EngineSetup, port: int, options: Options) -> list[str]:
         cmd += ["--max-num-batched-tokens", str(options.max_num_batched_tokens)]
     if options.speculative:
         cmd += ["--speculative-config", json.dumps(options.speculative)]
+    if options.kv_cache_dtype != "auto":
+        cmd += ["--kv-cache-dtype", options.kv_cache_dtype]
     if options.chat_template:
         cmd += ["--chat-template", str(Path(options.chat_template).resolve())]
     return cmd + server_args(setup.lora) + parser_args(options) + options.extra_args
@@ -92,6 +96,9 @@ class Engine(ServedEngine):
     DIALECT = "vllm"
 
     def launch(self, setup: EngineSetup, port: int) -> Launch:
+        problem = fp8_cache_problem(self.options.kv_cache_dtype)
+        if problem:
+            raise RuntimeError(problem)
         key = os.environ.get(self.options.api_key_env) if self.options.api_key_env else None
         if self.options.api_key_env and key is None:
             raise RuntimeError(f"api_key_env: ${self.options.api_key_env} is not set: export it, or drop the option")

@@ -134,26 +134,3 @@ def test_gguf_writers_follow_llama_cpps_converter_per_model_type() -> None:
     assert gguf_name("model.layers.1.self_attn.k_proj.bias", 2, "QWEN2") == "blk.1.attn_k.bias"
     with pytest.raises(RuntimeError, match="no GGUF writer for model type 'gpt2'"):
         writer_for({"model_type": "gpt2"})
-
-
-@pytest.mark.parametrize("options", [
-    {"kv_cache": "q8_0"}, {"kv_cache_v": "q4_0"}, {"kv_cache": "f16", "kv_cache_v": "q8_0"}])
-def test_a_quantised_v_cache_without_flash_attention_is_refused(options) -> None:
-    """llama.cpp fails to create a context with a quantised V cache and no flash attention: refused at validation,
-    on both llama.cpp engines, with the fix."""
-    from pydantic import ValidationError
-
-    from adapters.engines import llamacpp, llamacpp_server
-
-    for engine in (llamacpp.Options, llamacpp_server.Options):
-        with pytest.raises(ValidationError, match="quantises the V cache only with flash attention: set flash_attn"):
-            engine(**options)
-        assert engine(**options, flash_attn=True).cache_types()[1] in ("q8_0", "q4_0")
-
-
-def test_k_and_v_caches_are_set_apart() -> None:
-    from adapters.engines.llamacpp import Options
-
-    assert Options(kv_cache_k="q8_0").cache_types() == ("q8_0", "f32")
-    assert Options(kv_cache_k="q8_0").cache_words() == "K q8_0, V f32"
-    assert Options(kv_cache="q4_0", flash_attn=True).cache_words() == "q4_0"
