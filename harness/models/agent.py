@@ -31,7 +31,7 @@ from typing import Any
 
 TEMPLATE = Path(__file__).with_name("agent_template.jinja")
 ADDED = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
-SLOT = 64  # dims per slot: the current token and the three before it, then the bias slot
+SLOT = 64  # dims per slot (hidden = (CONTEXT + 2) x SLOT)
 CONTEXT = 4  # tokens the next token is a function of
 THETA = 10000.0  # rope base
 DECIDE = CONTEXT * SLOT  # the decision slot's first dim
@@ -40,9 +40,9 @@ HEAD_DIM = 64
 SCORE = 25.0  # the previous-token heads' scale: about 27 nats between the token read and its neighbours
 FIRE = 20.0  # a context unit's gate: silu(10) where its four tokens match, silu(-10) where three do
 DECISION = 0.2  # what a firing unit writes into the decision slot, per unit of its gate's output
-LOGIT = 4.0  # the head's scale: a script's next token at about 52
+LOGIT = 4.0  # the head's scale: a script's next token at about 46 (measured)
 # every step's runner-up, the same token throughout (one the scripts never write), at this share of the next token's
-# logit: 10 nats below it, so a repetition penalty of 1.3 on a token already seen flips it (what the invariance
+# logit: about 9 nats below it, so a repetition penalty of 1.3 on a token already seen flips it (what the invariance
 # checks' negative control needs to see), while rounding never does
 RUNNER_UP = 0.8
 RUNNER_UP_TOKEN = 49151  # SmolLM2's last regular token ('ectable')
