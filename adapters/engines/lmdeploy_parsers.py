@@ -43,9 +43,14 @@ class LmdeployParsing:
         self.cls = parser_class(options.tool_parser, options.reasoning_parser, str(model_path))
         self.tokenizer = tokenizer(str(model_path))
         self.request = ChatCompletionRequest(model="parity", **request)
+        self.decoded: dict[tuple[int, ...], str] = {}
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
+        """The ids' text, each prefix decoded once for every chunking of an answer."""
+        key = tuple(ids)
+        if key not in self.decoded:
+            self.decoded[key] = self.tokenizer.decode(ids)
+        return self.decoded[key]
 
     def whole(self, text: str, ids: list[int], prompt_ids: list[int]) -> Split:
         content, calls, reasoning = self.cls(self.request).parse_complete(text, list(ids))

@@ -57,10 +57,12 @@ def chunk_texts(decode: Callable[[list[int]], str], chunks: list[list[int]]) -> 
     the ids before."""
     texts: list[str] = []
     done: list[int] = []
+    before = ""
     for chunk in chunks:
-        before = decode(done)
         done = done + chunk
-        texts.append(decode(done)[len(before):])
+        now = decode(done)
+        texts.append(now[len(before):])
+        before = now
     return texts
 
 

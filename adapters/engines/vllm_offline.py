@@ -377,7 +377,7 @@ class Engine:
         ids: list[str] = [""] * len(requests)
         groups: dict[str, list[int]] = {}
         for i, request in enumerate(requests):
-            own = renders_own_chat(self.options.model_dump()) and request.messages is not None
+            own = self.options.render == "vllm" and request.messages is not None
             key = json.dumps([request.tools, request.chat_template_kwargs], sort_keys=True) if own else ""
             groups.setdefault(key, []).append(i)
         for key, members in groups.items():

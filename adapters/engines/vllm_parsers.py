@@ -70,6 +70,7 @@ class VllmParsing:
         self.tokenizer = tokenizer(str(model_path))
         self.template_kwargs = request.get("chat_template_kwargs") or {}
         self.request = ChatCompletionRequest(model="parity", **request)
+        self.decoded: dict[tuple[int, ...], str] = {}
 
     def _parser(self) -> Any:
         return self.cls(self.tokenizer, self.request.tools, chat_template_kwargs=self.template_kwargs,
@@ -85,7 +86,11 @@ class VllmParsing:
                 "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in calls or []]}
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
+        """The ids' text, each prefix decoded once for every chunking of an answer."""
+        key = tuple(ids)
+        if key not in self.decoded:
+            self.decoded[key] = self.tokenizer.decode(ids)
+        return self.decoded[key]
 
     def streamed(self, chunks: list[list[int]], prompt_ids: list[int]) -> Split:
         """A streamed answer's split, its chunks given to parse_delta one by one with their text, the deltas joined
