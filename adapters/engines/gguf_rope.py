@@ -113,8 +113,10 @@ def longrope_attention_factor(config: dict, rope: dict) -> float:
 def rope_tensors(config: dict) -> dict[str, np.ndarray]:
     """The rope tensors llama.cpp's converter generates beside the checkpoint's (generate_extra_tensors), by GGUF
     name: llama3 -> rope_freqs (each frequency's wavelength factor), longrope -> rope_factors_long and
-    rope_factors_short (the config's lists); none for other ropes."""
-    rope = one_rope(config)
+    rope_factors_short (the config's lists); none for other ropes. Read from the full-attention layers' rope: the
+    scaled ropes are the Llama graph's, whose hyperparameters (one_rope) already refuse layer types with ropes of their
+    own; Gemma 3's sliding layers have a base of their own, which its hyperparameters write (rope_freq_base_swa)."""
+    rope = read_rope(config)
     half = rope_dimensions(config) // 2
     if rope["rope_type"] == "llama3":
         return {"rope_freqs.weight": llama3_factors(config, rope, half)}
