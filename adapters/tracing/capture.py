@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from adapters.tracing.arch_maps import ArchMap, Tap
 from adapters.tracing.forcing import LayerInputs
@@ -232,10 +232,32 @@ def trace_result(engine_name: str, request: TraceRequest, path: Path, points: li
                        errors=str(errors) if errors else "", routes=str(routes) if routes else "")
 
 
-def run_traces(engine_name: str, capture: Capture, requests: list[TraceRequest], workdir: Path, store_dtype: Any,
+class PassCapture(Protocol):
+    """What run_traces drives: a Capture, or a ShardedCapture over a tensor-parallel engine's ranks
+    (adapters.tracing.ranks)."""
+
+    arch: ArchMap
+
+    def begin(self, writer: Any, positions: int, only: list[str] | None = None, keep: tuple[str, ...] = (),
+              logits_from: int = 0) -> None: ...
+
+    def end(self, trace: Path, metadata: dict[str, str]) -> Path | None: ...
+
+    def abort(self) -> None: ...
+
+
+class PassForcing(Protocol):
+    """A LayerInputs, or a ShardedForcing."""
+
+    def begin(self, source: Path) -> None: ...
+
+    def end(self) -> None: ...
+
+
+def run_traces(engine_name: str, capture: PassCapture, requests: list[TraceRequest], workdir: Path, store_dtype: Any,
                forward: Callable[[list[int], int], None], metadata: dict[str, str],
                keep: tuple[str, ...] = (), after: Callable[[], dict[str, str]] = dict,
-               forcing: LayerInputs | None = None) -> Iterator[TraceResult]:
+               forcing: PassForcing | None = None) -> Iterator[TraceResult]:
     """One teacher-forced pass per request, its capture points streamed to workdir/traces/<case>.safetensors.
     forward(token_ids, logits_from) runs the model and computes the logits from position logits_from on; `keep`:
     points it reads back from capture.keep; `after`: metadata read from the engine once a pass has run (what it

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from harness.compare import routing as routes
 from harness.compare.layer_floor import block_words, sensitivity
 from harness.core.points import COMPONENT, in_words, parse
+from harness.core.shards import ShardReading
 from harness.rundir.localisations import Localisation
 
 Decode = Callable[[int], str]
@@ -93,14 +94,17 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
              divergence: Divergence | None, nonfinite: dict[str, dict[str, int]], fused: dict[str, set[str]],
              param_note: str, k: float, decode: Decode, ending: str = "", missing_map: str = "",
              near_tie: bool = False, routing: pd.DataFrame | None = None,
-             adapter: dict[str, Any] | None = None, forced: bool = False, run_reading: str = "") -> Localisation:
+             adapter: dict[str, Any] | None = None, forced: bool = False, run_reading: str = "",
+             shards: dict[str, ShardReading] | None = None) -> Localisation:
     """points: against_floor() (or, forced, against_forced_floor()) output for this engine vs the reference, in
     forward order. ending: how the engines stop at different steps when the run judged them apart with no differing
     token to look at. missing_map: why no point inside the model was captured by both (only the logits were
     compared). near_tie: the run judged the divergence a near-tie (where it did not and no point leaves its floor,
     the cause is beyond_noise, with the run's reason: run_reading). routing: both engines' chosen experts compared
     (harness.compare.routing.classify). adapter: both engines' LoRA updates compared
-    (harness.explain.adapter_reading.compare). forced: the engine's layers started from the reference's input."""
+    (harness.explain.adapter_reading.compare). forced: the engine's layers started from the reference's input.
+    shards: a tensor-parallel engine's split points, where in its ranks each one's difference lives
+    (harness.core.shards)."""
     if set(points["point"]) <= {"logits"}:
         return _logits_only(points, case_id=case_id, engine=engine, reference=reference, prompt_equal=prompt_equal,
                             divergence=divergence, nonfinite=nonfinite, k=k, decode=decode, ending=ending,
@@ -150,6 +154,12 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
         moe = _moe_reading(routing, row, engine) if routing is not None else None
         if moe:
             base["out_of_floor"]["routing"], cause, said_after = moe[0], moe[1], ""
+        shard = (shards or {}).get(row["point"])
+        if shard is not None:
+            base["out_of_floor"]["shards"] = {"ranks": shard.ranks, "words": shard.words}
+            cause = (f"{row['component']} {shard.words}: one rank's shard differs, not what every rank computes alike"
+                     if shard.ranks else f"{cause}, {shard.words}")
+            base["out_of_floor"]["cause"] = cause
         if adapter and adapter["kind"] != "same":
             base["out_of_floor"]["adapter"] = adapter["kind"]
             cause, said_after = f"{cause}; the LoRA adapter: {adapter['sentence']}", ""

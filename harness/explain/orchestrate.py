@@ -28,6 +28,7 @@ from harness.compare.floors import (
 from harness.compare.own_top1 import TIE
 from harness.compare.trace_diff import top2
 from harness.core.errors import ConfigError
+from harness.core.shards import shard_readings
 from harness.core.types import Result, TraceRequest, TraceResult
 from harness.executors.engine_runs import EngineOutcome, Progress, run_engines
 from harness.explain.adapter_reading import compare as compare_updates
@@ -387,7 +388,7 @@ def _explain_engine(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFr
                                                                      for t in (ref_trace, trace))))),
                    near_tie=verdict["verdict"] == "benign_tie", routing=routed,
                    adapter=adapter_difference(ref_trace, trace, name), forced=result.forced,
-                   run_reading=_not_a_tie(verdict["explanation"]))
+                   run_reading=_not_a_tie(verdict["explanation"]), shards=shard_readings(trace.metadata))
     return loc, frame, points, routed
 
 

@@ -42,6 +42,7 @@ WORDS = {  # knob -> (baseline, variant), in words for the report
     "speculative": ("no speculative decoding", "n-gram speculative decoding"),
     "batch_invariant": ("VLLM_BATCH_INVARIANT=1, each case alone", "VLLM_BATCH_INVARIANT=1, one batch"),
     "stream": ("each answer in one piece", "the same requests streamed"),
+    "tensor_parallel": ("the model on one rank", "the model split over two tensor-parallel ranks"),
 }
 
 

@@ -95,6 +95,7 @@ engines:
   hf: {{engine: hf, reference: true}}
   vllm: {{engine: vllm}}
   vllm-engine-core: {{engine: vllm, options: {{multiprocessing: true}}}}
+  vllm-tp2: {{engine: vllm, options: {{tensor_parallel_size: 2}}}}
   vllm-server: {{engine: vllm-server}}
   llama.cpp: {{engine: llama.cpp, options: {{gguf: {gguf}}}}}
   llama.cpp-server: {{engine: llama.cpp-server, options: {{gguf: {gguf}}}}}
@@ -115,6 +116,19 @@ def _processes_naming(text: str) -> list[str]:
     return found
 
 
+def _processes_inheriting(text: str) -> list[str]:
+    """Processes whose environment mentions `text` (a run's folder: what an engine's children inherit, vLLM's
+    tensor-parallel rank workers included, whose command lines name nothing of the run)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if text.encode() in environ.read_bytes():
+                found.append(environ.parent.name)
+        except OSError:
+            continue
+    return found
+
+
 def test_a_failed_load_leaves_no_file_socket_or_process_behind(tmp_path: Path) -> None:
     """Every engine kind fails its load for real (weights cut in half; a GGUF that is only its magic): each is an
     engine error, and afterwards no worker, engine core or server process lives, and no /tmp folder of theirs (vLLM's
@@ -132,12 +146,14 @@ def test_a_failed_load_leaves_no_file_socket_or_process_behind(tmp_path: Path) -
     assert run.code == 1, run.stderr[-2000:]
     meta = json.loads((run.run_dir / "run.json").read_text())
     ran = [name for name, engine in meta["engines"].items() if engine["worker_pids"]]
-    assert {"hf", "vllm", "vllm-engine-core", "vllm-server"} <= set(ran), ran  # llama.cpp where it is installed
+    # llama.cpp where it is installed
+    assert {"hf", "vllm", "vllm-engine-core", "vllm-tp2", "vllm-server"} <= set(ran), ran
     results = run.results.set_index("engine")
     assert all(results.loc[name, "status"] == "error" and "could not load" in results.loc[name, "error"]
                for name in ran), results[["status", "error"]]
     pids = [pid for name in ran for pid in meta["engines"][name]["worker_pids"]]
     assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()], pids
     assert not _processes_naming(str(broken)) and not _processes_naming(str(gguf))
+    assert not _processes_inheriting(str(run.run_dir)), "a process of the run lives on"
     left = [p.name for p in Path("/tmp").iterdir() if any(f"-{pid}-" in p.name for pid in pids)]
     assert not left, left
