@@ -47,6 +47,9 @@ class Options(InProcessOptions):
     # where the model and its inputs live: cuda is seed 001's `.cuda().half()` HF; logits and traces come back to the
     # CPU as on cpu
     device: str = "cpu"
+    # torch.compile the model's forward (inductor, dynamic shapes: one graph for every length) for generation; traced
+    # passes call the decoder's layers eagerly
+    compile: bool = False
 
     @field_validator("device")
     @classmethod
@@ -65,11 +68,14 @@ class Options(InProcessOptions):
 def knobs(name: str, options: Options) -> Knob:
     """How HF turns the invariance knobs: batching through batched generate(), speculative decoding through
     prompt-lookup decoding; it has no cross-request cache and prefills a prompt in one pass."""
-    turned = {"batch": Knob(variant={"batched": True}), "speculative": Knob(variant={"prompt_lookup": 3})}
+    turned = {"batch": Knob(variant={"batched": True}), "speculative": Knob(variant={"prompt_lookup": 3}),
+              "compile": Knob(baseline={"compile": False} if options.compile else {}, variant={"compile": True})}
     missing = {
         "prefix_cache": "HF transformers keeps no KV cache across generate() calls, so there is no prefix cache",
         "chunked_prefill": "HF generate() prefills each prompt in one forward pass",
-        "batch_invariant": "a vLLM mode (VLLM_BATCH_INVARIANT); HF has no such switch"}
+        "batch_invariant": "a vLLM mode (VLLM_BATCH_INVARIANT); HF has no such switch",
+        "tensor_parallel": "HF's engine here runs the whole model in one process (transformers' tp_plan needs "
+                           "torch.distributed over several devices)"}
     if name in turned:
         return turned[name]
     return Knob(unsupported=missing[name]) if name in missing else request_knobs(name, options, server=False)
@@ -153,6 +159,11 @@ class EosForbidden:
         return scores
 
 
+EAGER_CAPTURE = ("captured in eager mode: a traced pass calls the decoder's layers directly, outside the compiled "
+                 "forward the run generated with (hooks do not fire inside a compiled graph); what compiling changes "
+                 "is the run's answers (the compile knob)")
+
+
 class Engine:
     def __init__(self, setup: EngineSetup):
         import torch
@@ -171,6 +182,8 @@ class Engine:
         if setup.weights_dtype:
             self.model.to(getattr(torch, setup.dtype))
         apply_patch(self.options.patch, self.model)  # on the device: a fused projection is made of its weights
+        if self.options.compile:  # after the patch, so a patched model is what compiles
+            self.model.forward = torch.compile(self.model.forward, dynamic=True)
         self.capture: Capture | None = None  # hooks attached on the first trace: idle outside a traced pass
         self.forcing: LayerInputs | None = None
         self.eos_ids = set(as_list(self.model.generation_config.eos_token_id))
@@ -192,7 +205,8 @@ class Engine:
     def versions(self) -> dict[str, str]:
         import transformers
 
-        versions = {"transformers": transformers.__version__, "torch": self.torch.__version__}
+        versions = {"transformers": transformers.__version__, "torch": self.torch.__version__,
+                    "compilation": "torch.compile (inductor, dynamic shapes)" if self.options.compile else "NONE"}
         if self.options.device != "cpu":
             versions.update(device=self.torch.cuda.get_device_name(self.options.device), cuda=self.torch.version.cuda)
         return versions
@@ -356,7 +370,8 @@ class Engine:
         for request in requests:
             with threads_for(torch, request.threads):
                 for result in run_traces(self.name, capture, [request], self.workdir, store, forward,
-                                         {"engine": DESCRIPTION.name, "dtype": self.dtype},
+                                         {"engine": DESCRIPTION.name, "dtype": self.dtype,
+                                          "capture_note": EAGER_CAPTURE if self.options.compile else ""},
                                          after=self._adapter_metadata, forcing=self.forcing):
                     result.threads = torch.get_num_threads()
                     yield result

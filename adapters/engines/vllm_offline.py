@@ -95,6 +95,8 @@ def knobs(name: str, options: EngineOptions) -> Knob:
         "speculative": Knob(variant={"speculative": NGRAM}),
         "batch_invariant": Knob(baseline={"batch_invariant": True}, variant={"batch_invariant": True}),
         "tensor_parallel": tensor_parallel_knob(getattr(options, "tensor_parallel_size", 1)),
+        "compile": Knob(baseline={} if getattr(options, "enforce_eager", True) else {"enforce_eager": True},
+                        variant={"enforce_eager": False}),
     }
     return turned.get(name) or request_knobs(name, options, server=False)
 
@@ -107,6 +109,18 @@ def tensor_parallel_knob(configured: int) -> Knob:
         return Knob(unsupported=problem)
     return Knob(baseline={} if configured == 1 else {"tensor_parallel_size": 1},
                 variant={} if configured == 2 else {"tensor_parallel_size": 2})
+
+
+def compilation(config: Any) -> str:
+    """The graph mode vLLM settled on (its CPU platform turns VLLM_COMPILE into DYNAMO_TRACE_ONCE and a LoRA
+    configuration into NONE): the mode, with its backend where it compiles."""
+    mode = config.mode.name if hasattr(config.mode, "name") else str(config.mode)
+    return mode if mode == "NONE" else f"{mode} ({config.backend or 'inductor'})"
+
+
+EAGER_CAPTURE = ("captured in eager mode, in a load of its own: forward hooks do not fire inside the compiled graph "
+                 "the run used, so the layers read are eager vLLM's; what compiling changes is the run's answers "
+                 "(the compile knob)")
 
 
 def engine_env(workdir: Path, options: Options, sockets: Path) -> dict[str, str]:
@@ -228,7 +242,9 @@ class Engine:
     def __init__(self, setup: EngineSetup):
         self.name, self.options, self.dtype, self.workdir = setup.name, Options(**setup.options), setup.dtype, \
             setup.workdir
+        self.capture_note = ""  # how a traced pass differs from the run's configuration
         if setup.trace:  # forward hooks fire only in eager mode, and only on a model in this process
+            self.capture_note = "" if self.options.enforce_eager else EAGER_CAPTURE
             self.options = self.options.model_copy(update={"enforce_eager": True, "multiprocessing": False})
         if self.options.patch and self.options.multiprocessing:
             raise RuntimeError("option patch needs the model in the worker process: set multiprocessing: false")
@@ -330,7 +346,7 @@ class Engine:
                     model.compute_logits(hidden[start:start + LOGITS_SLICE])
 
         yield from run_traces(self.name, capture, requests, self.workdir, self._store_dtype(), forward,
-                              {"engine": DESCRIPTION.name, "dtype": self.dtype}, keep=("final_norm",),
+                              self._trace_metadata(), keep=("final_norm",),
                               after=lambda: self._adapter_metadata(model), forcing=self.forcing)
 
     def _sharded_traces(self, requests: list[TraceRequest]) -> Iterator[TraceResult]:
@@ -356,9 +372,12 @@ class Engine:
             capture.logits()
 
         yield from run_traces(self.name, capture, requests, self.workdir, self._store_dtype(), forward,
-                              {"engine": DESCRIPTION.name, "dtype": self.dtype,
+                              {**self._trace_metadata(),
                                "tensor_parallel_size": str(self.options.tensor_parallel_size)},
                               after=capture.metadata, forcing=forcing)
+
+    def _trace_metadata(self) -> dict[str, str]:
+        return {"engine": DESCRIPTION.name, "dtype": self.dtype, "capture_note": self.capture_note}
 
     def _prefill(self, token_ids: list[int]) -> None:
         """One prefill over the sequence (a prefix cached by the run is dropped first: a cached prefix is not
@@ -389,7 +408,8 @@ class Engine:
         cache = self.llm.llm_engine.vllm_config.cache_config
         parallel = self.llm.llm_engine.vllm_config.parallel_config
         chosen = {"model_runner": model_runner(self.llm), "kv_cache": str(cache.cache_dtype),
-                  "tensor_parallel_size": str(parallel.tensor_parallel_size)}
+                  "tensor_parallel_size": str(parallel.tensor_parallel_size),
+                  "compilation": compilation(self.llm.llm_engine.vllm_config.compilation_config)}
         if parallel.tensor_parallel_size > 1:
             chosen["threads_bind"] = self.env["VLLM_CPU_OMP_THREADS_BIND"]
         elif not self.options.multiprocessing:  # the model is in this process

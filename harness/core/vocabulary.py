@@ -225,5 +225,6 @@ def meaning(name: str) -> str:
 # Invariance knobs: each runs the same cases under a baseline and a variant configuration of one engine
 # (harness.plan.invariance_checks). The request knobs need nothing but requests, so every engine can turn them.
 KNOBS = ("repeat", "batch", "order", "concurrency", "prefix_cache", "chunked_prefill", "speculative",
-         "batch_invariant", "seed", "stream", "tensor_parallel")
+         "batch_invariant", "seed", "stream", "tensor_parallel",
+         "compile")
 REQUEST_KNOBS = ("repeat", "order", "seed")

@@ -365,6 +365,8 @@ def _explain_engine(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFr
             f"its free logits pass failed ({_error(free)}): the readings at the divergent step use the logits of its "
             "forced pass, whose last layer started from the reference's")
     logits_trace = free_trace or trace
+    if trace.metadata.get("capture_note"):
+        frame.attrs.setdefault("notes", []).append(trace.metadata["capture_note"])
     if bool(ref_result.routes) != bool(result.routes):
         blind = name if ref_result.routes else ref
         frame.attrs.setdefault("notes", []).append(

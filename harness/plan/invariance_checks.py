@@ -43,6 +43,7 @@ WORDS = {  # knob -> (baseline, variant), in words for the report
     "batch_invariant": ("VLLM_BATCH_INVARIANT=1, each case alone", "VLLM_BATCH_INVARIANT=1, one batch"),
     "stream": ("each answer in one piece", "the same requests streamed"),
     "tensor_parallel": ("the model on one rank", "the model split over two tensor-parallel ranks"),
+    "compile": ("eager mode", "the compiled graph"),
 }
 
 

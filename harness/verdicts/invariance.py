@@ -35,7 +35,10 @@ from harness.verdicts.family import Judged, Judging, VerdictFamily
 
 
 def judge_checks(scenario: LoadedScenario, checks: list[Check], results: dict[tuple[str, str], Result],
-                 decode, ties: TieEvidence | None = None) -> list[InvarianceRow]:
+                 decode, ties: TieEvidence | None = None,
+                 versions: dict[str, dict[str, str]] | None = None) -> list[InvarianceRow]:
+    """versions: what each engine configuration reported of itself (a knob whose two sides report alike what it
+    turns is unsupported, not judged)."""
     settings = scenario.spec.invariance
     rows = []
     noise = own_noise(scenario, checks, results, ties or TieEvidence())
@@ -46,6 +49,10 @@ def judge_checks(scenario: LoadedScenario, checks: list[Check], results: dict[tu
                              variant=check.variant.words if check.variant else words[1])
         if check.unsupported:
             rows.append(base.model_copy(update={"explanation": _unsupported(scenario, check)}))
+            continue
+        alike = ran_alike(check, versions or {})
+        if alike:
+            rows.append(base.model_copy(update={"explanation": alike, "cases": len(check.baseline.requests)}))
             continue
         sides = [[results.get((s.config, r.case_id)) or Result.engine_error(r.case_id, s.config, "not run")
                   for r in s.requests] for s in (check.baseline, check.variant)]
@@ -61,7 +68,17 @@ def judge_checks(scenario: LoadedScenario, checks: list[Check], results: dict[tu
             fields["explanation"] = re.sub(r"#[\w.-]+", "", fields["explanation"])
         row = base.model_copy(update=fields)
         rows.append(row.model_copy(update={"expected": _expected(row, settings.identical if settings else [])}))
-    return rows
+    return [_control_unused(row, rows) for row in rows]
+
+
+def _control_unused(row: InvarianceRow, rows: list[InvarianceRow]) -> InvarianceRow:
+    """A control shows its engine's knobs could have seen a difference; where none of them was judged (each
+    unsupported), nothing rests on it and its outcome fails nothing."""
+    if not row.control or row.expected or any(
+            r.engine == row.engine and not r.control and r.verdict != "unsupported" for r in rows):
+        return row
+    return row.model_copy(update={"expected": True, "explanation": f"{row.explanation}; no knob of {row.engine} was "
+                                  "judged, so nothing rests on its control"})
 
 
 def own_noise(scenario: LoadedScenario, checks: list[Check], results: dict[tuple[str, str], Result],
@@ -83,6 +100,25 @@ def own_noise(scenario: LoadedScenario, checks: list[Check], results: dict[tuple
             found[name] = (bound, bound, "the scenario's max_logprob_delta")
     cases = {case: (n.margin, n.chosen, n.words().removeprefix("twice ")) for case, n in ties.noise.items()}
     return {name: KnobNoise(found.get(name, UNMEASURED.default), cases) for name in scenario.spec.engines}
+
+
+# what an engine records of itself that a knob turns, and why an engine may not have turned it
+RECORDED = {"compile": "compilation", "tensor_parallel": "tensor_parallel_size"}
+WHY_ALIKE = {"compile": "vLLM's CPU platform compiles no graph for a configuration with a LoRA adapter"}
+
+
+def ran_alike(check: Check, versions: dict[str, dict[str, str]]) -> str:
+    """Why a knob's two sides are not compared ('' where they ran as the knob says): both recorded the same value
+    of what the knob turns, so equal answers would be no reading of it."""
+    key = RECORDED.get(check.knob)
+    if key is None or check.control or check.baseline is None or check.variant is None:
+        return ""
+    ran = [versions.get(side.config, {}).get(key) for side in (check.baseline, check.variant)]
+    if ran[0] is None or ran[0] != ran[1]:
+        return ""
+    why = f" ({WHY_ALIKE[check.knob]})" if check.knob in WHY_ALIKE else ""
+    return (f"both sides ran with {key} {ran[0]}: {check.engine} did not turn what the knob turns{why}, so the two "
+            "are not compared")
 
 
 def _failed_configuration(check: Check, sides: list[list[Result]]) -> str:
@@ -155,7 +191,8 @@ class InvarianceVerdicts(VerdictFamily):
     per_case = False
 
     def judge(self, judging: Judging) -> Judged:
-        rows = judge_checks(judging.scenario, judging.checks, judging.results, judging.decode, judging.ties)
+        rows = judge_checks(judging.scenario, judging.checks, judging.results, judging.decode, judging.ties,
+                            judging.versions)
         return Judged(pd.DataFrame([row.model_dump() for row in rows]))
 
     def summary_lines(self, rows: pd.DataFrame) -> list[str]:

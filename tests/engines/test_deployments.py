@@ -1,6 +1,8 @@
-"""How engines are deployed (scenarios/tensor-parallel.yaml): vLLM split over two tensor-parallel ranks, offline and
-as a server, against one rank (the tensor_parallel knob); `parity explain` capturing inside every rank of a two-rank
-engine, clean and with a fault planted in one rank's shard. One `parity explain` serves the module."""
+"""How engines are deployed. scenarios/tensor-parallel.yaml: vLLM split over two tensor-parallel ranks, offline and as
+a server, against one rank (the tensor_parallel knob); `parity explain` capturing inside every rank of a two-rank
+engine, clean and with a fault planted in one rank's shard. scenarios/compile.yaml: compiled graphs against eager mode
+(the compile knob) on HF, vLLM and its server, and explain on a compiled engine. One `parity explain` of both files
+serves the module."""
 
 from __future__ import annotations
 
@@ -13,11 +15,22 @@ from helpers import SCENARIOS, ParityRun, parity
 
 
 @pytest.fixture(scope="module")
-def explained(tmp_path_factory) -> ParityRun:
+def both(tmp_path_factory) -> dict[str, ParityRun]:
     out = tmp_path_factory.mktemp("deployments")
-    run = parity("explain", str(SCENARIOS / "tensor-parallel.yaml"), out=out)
+    run = parity("explain", str(SCENARIOS / "tensor-parallel.yaml"), str(SCENARIOS / "compile.yaml"), out=out)
     assert run.code == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    return run
+    return {run_dir.name.split("-", 2)[2]: ParityRun(run.code, run.stdout, run.stderr, run_dir)
+            for run_dir in sorted(out.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def explained(both: dict[str, ParityRun]) -> ParityRun:
+    return both["tensor-parallel"]
+
+
+@pytest.fixture(scope="module")
+def compiled(both: dict[str, ParityRun]) -> ParityRun:
+    return both["compile"]
 
 
 def localisations(run: ParityRun) -> dict[str, dict]:
@@ -65,3 +78,27 @@ def test_a_fault_in_one_ranks_shard_is_named_with_its_layer_component_and_rank(e
     assert out["point"] == "layers.1.q" and out["shards"]["ranks"] == [1]
     assert "rank 1's shard (query head 1 of 2) only" in loc["verdict"]
     assert "fused projection" not in out["cause"]  # one rank's shard: no fusion every rank shares
+
+
+def test_compiled_graphs_answer_as_eager_mode_on_every_engine(compiled: ParityRun) -> None:
+    invariance = pd.read_parquet(compiled.run_dir / "invariance.parquet")
+    knob = invariance[invariance.knob == "compile"].set_index("engine")
+    assert set(knob.index) == {"hf", "vllm-compiled", "vllm-server"}
+    assert set(knob.verdict) <= {"identical", "tokens_identical"}, knob[["verdict", "explanation"]]
+    assert set(invariance[invariance.knob == "control"].verdict) == {"diverged"}
+
+
+def test_the_graph_mode_that_ran_is_recorded_as_each_engine_settled_on_it(compiled: ParityRun) -> None:
+    """vLLM's CPU platform turns a compiled configuration into DYNAMO_TRACE_ONCE with inductor: read back from the
+    engine's configuration offline and from the server's start-up log."""
+    modes = {name: engine["versions"]["compilation"] for name, engine in compiled.meta["engines"].items()}
+    assert modes["vllm-compiled"] == "DYNAMO_TRACE_ONCE (inductor)" == modes["vllm-server~enforce_eager=False"]
+    assert modes["vllm-compiled~enforce_eager=True"] == "NONE" == modes["vllm-server"]
+    assert modes["hf~compile=True"].startswith("torch.compile") and modes["hf"] == "NONE"
+
+
+def test_explain_on_a_compiled_engine_says_it_captured_eager_mode(compiled: ParityRun) -> None:
+    data = json.loads((compiled.run_dir / "explain" / "localisation.json").read_text())
+    assert any("vllm-compiled: captured in eager mode" in note and "inside the compiled graph" in note
+               for note in data["notes"]), data["notes"]
+    assert localisations(compiled)["vllm-compiled"]["cause"] == "none"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 from helpers import SCENARIOS, ParityRun, parity, write_scenario
@@ -22,7 +23,7 @@ model: tiny-llama
 lora: lora-tiny-llama
 engines:
   hf: {engine: hf, reference: true}
-  vllm: {engine: vllm}
+  vllm: {engine: vllm, invariance: [compile]}
   vllm-server: {engine: vllm-server}
   llama.cpp: {engine: llama.cpp, options: {gguf: f32}}
   # the server returns text, not ids: a byte piece the random model emits is read as its EOS (the chat case)
@@ -50,6 +51,16 @@ def test_every_engine_applies_the_adapter_and_matches_hf_and_the_merged_model(ru
         assert set(verdicts[engine]) == {"match"}, (engine, verdicts[engine].to_dict())
     assert verdicts[("llama.cpp-server", "story")] == "match"
     assert set(verdicts["base"]) == {"diverged"}  # without the adapter the answers are other ones
+
+
+def test_a_compile_knob_vllm_will_not_turn_with_an_adapter_is_unsupported_not_identical(run: ParityRun) -> None:
+    """vLLM's CPU platform compiles no graph for a LoRA configuration: the knob's compiled side ran eager, as its
+    run.json says, and the knob reads unsupported with that reason."""
+    invariance = pd.read_parquet(run.run_dir / "invariance.parquet").set_index(["engine", "knob"])
+    row = invariance.loc[("vllm", "compile")]
+    assert row.verdict == "unsupported" and row.expected, row.explanation
+    assert "both sides ran with compilation NONE" in row.explanation and "LoRA adapter" in row.explanation
+    assert run.meta["engines"]["vllm~enforce_eager=False"]["versions"]["compilation"] == "NONE"
 
 
 def test_the_run_records_which_engine_applied_which_adapter(run: ParityRun) -> None:
