@@ -131,6 +131,7 @@ class Engine(ServedEngine):
                                      tensor_parallel_size=self.options.tensor_parallel_size)
         sockets = socket_dir(setup.workdir)  # the last thing made here: nothing below raises before Launch owns it
         env = {**os.environ, **prepare_env(setup.workdir, env_options, sockets)}
+        self.threads_bind = env["VLLM_CPU_OMP_THREADS_BIND"]
         env.pop("VLLM_API_KEY", None)  # a shell's own key would make the server demand one the harness never sends
         if key is not None:  # the key goes in the environment, never on the command line (ps shows that)
             env["VLLM_API_KEY"] = key
@@ -141,6 +142,8 @@ class Engine(ServedEngine):
                                                "kv_cache": self.options.kv_cache_dtype}
         if self.server is not None:
             started["compilation"] = logged_compilation(self.server.log_path)
+        if self.options.tensor_parallel_size > 1 and not self.options.url:
+            started["threads_bind"] = self.threads_bind
         return {**super().versions(), "vllm": installed_version("vllm", "vllm-cpu"), **started}
 
     def agent_setup(self) -> AgentSetup:

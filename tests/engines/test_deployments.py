@@ -56,6 +56,7 @@ def test_the_ranks_and_their_cores_are_recorded(explained: ParityRun) -> None:
     assert engines["vllm-tp2"]["versions"]["threads_bind"] == "0|1"  # a core per rank, from the cores it may use
     sizes = {name: e["versions"].get("tensor_parallel_size") for name, e in engines.items() if "server" in name}
     assert sorted(sizes.values()) == ["1", "2"], sizes
+    assert engines["vllm-server~tensor_parallel_size=2"]["versions"]["threads_bind"] == "0|1"
 
 
 def test_a_clean_two_rank_engine_stays_inside_the_floor_as_one_rank_does(explained: ParityRun) -> None:
