@@ -377,8 +377,10 @@ class Engine:
 
             params = type(self.llm.context_params).from_buffer_copy(self.llm.context_params)
             self.tracer = GraphTracer(self.llama_cpp, self.llm.model, params, getattr(self.llm, "_lora_adapter", None))
+        cache = self.options.cache_words()
         yield from run_graph_traces(self.name, self.tracer, requests, self.workdir,
-                                    {"engine": DESCRIPTION.name, "dtype": "float32", "weights": self._file_type()})
+                                    {"engine": DESCRIPTION.name, "dtype": "float32", "weights": self._file_type(),
+                                     "kv_cache": "" if cache == "f32" else cache})
 
     def close(self) -> None:
         if self.tracer is not None:

@@ -54,6 +54,9 @@ class Options(InProcessOptions, ParserOptions):
     # the KV cache's dtype (vLLM's kv_cache_dtype; fp8 needs AVX-512 on the CPU attention backend): auto keeps the
     # model's dtype
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    # layers whose KV cache stays in the model's dtype under a quantised kv_cache_dtype (vLLM's
+    # kv_cache_dtype_skip_layers)
+    kv_cache_skip_layers: list[int] = []
     # chat prompts: harness (the harness's ids, as every engine gets them) or vllm (rendered by vLLM's own chat path,
     # LLM.enqueue_chat with the tools and template switches: its prompt ids are then compared with the harness's)
     render: Literal["harness", "vllm"] = "harness"
@@ -284,6 +287,7 @@ class Engine:
                        enable_chunked_prefill=self.options.chunked_prefill,
                        max_num_batched_tokens=self.options.max_num_batched_tokens,
                        speculative_config=self.options.speculative, kv_cache_dtype=self.options.kv_cache_dtype,
+                       kv_cache_dtype_skip_layers=[str(layer) for layer in self.options.kv_cache_skip_layers],
                        **parallel_kwargs(self.options.tensor_parallel_size),
                        generation_config="vllm",  # no implicit defaults from the model's generation_config.json
                        **lora_kwargs(setup.lora))
@@ -377,7 +381,10 @@ class Engine:
                               after=capture.metadata, forcing=forcing)
 
     def _trace_metadata(self) -> dict[str, str]:
-        return {"engine": DESCRIPTION.name, "dtype": self.dtype, "capture_note": self.capture_note}
+        cache = self.options.kv_cache_dtype
+        held = ("" if cache == "auto" else cache if not self.options.kv_cache_skip_layers else
+                f"{cache}, except layers {', '.join(map(str, self.options.kv_cache_skip_layers))}")
+        return {"engine": DESCRIPTION.name, "dtype": self.dtype, "capture_note": self.capture_note, "kv_cache": held}
 
     def _prefill(self, token_ids: list[int]) -> None:
         """One prefill over the sequence (a prefix cached by the run is dropped first: a cached prefix is not
@@ -407,7 +414,9 @@ class Engine:
 
         cache = self.llm.llm_engine.vllm_config.cache_config
         parallel = self.llm.llm_engine.vllm_config.parallel_config
-        chosen = {"model_runner": model_runner(self.llm), "kv_cache": str(cache.cache_dtype),
+        skipped = f", except layers {', '.join(cache.kv_cache_dtype_skip_layers)}" if (
+            cache.kv_cache_dtype_skip_layers and cache.cache_dtype != "auto") else ""
+        chosen = {"model_runner": model_runner(self.llm), "kv_cache": f"{cache.cache_dtype}{skipped}",
                   "tensor_parallel_size": str(parallel.tensor_parallel_size),
                   "compilation": compilation(self.llm.llm_engine.vllm_config.compilation_config)}
         if parallel.tensor_parallel_size > 1:

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from harness.compare import routing as routes
 from harness.compare.layer_floor import block_words, sensitivity
-from harness.core.points import COMPONENT, in_words, parse
+from harness.core.points import COMPONENT, in_words, layer_point, parse
 from harness.core.shards import ShardReading
 from harness.rundir.localisations import Localisation
 
@@ -57,15 +57,30 @@ def _fmt(value: float) -> str:
 
 
 def candidate_cause(point: str, component: str, fused_ref: set[str], fused_engine: set[str],
-                    reference: str, engine: str) -> str:
-    """The component a point implicates, naming a fusion when one engine fuses that projection and the other not."""
+                    reference: str, engine: str, caches: dict[str, str] | None = None) -> str:
+    """The component a point implicates, naming a fusion when one engine fuses that projection and the other not, and
+    at attention's output a KV cache one engine holds below full precision (caches: engine -> its cache's dtype, from
+    its configuration as its trace records it; given only where the point reads attention's output)."""
     name = parse(point)[1]
+    held = {who: dtype for who, dtype in (caches or {}).items() if who in (reference, engine)}
+    if held:
+        said = " and ".join(f"{who} holds it in {dtype}" for who, dtype in held.items())
+        where = component if name == "attn" else f"{component}, the first point after attention captured"
+        return (f"the KV cache: {said} (its configuration), and attention reads its keys and values back from it "
+                f"({where})")
     if name in fused_ref ^ fused_engine:
         fuser, other = (engine, reference) if name in fused_engine else (reference, engine)
         parts = "q, k and v" if name in ("q", "k", "v") else "gate and up"
         return (f"fused projection: {fuser} computes {parts} in one fused matmul, {other} in separate ones "
                 f"({component})")
     return component
+
+
+def reads_attention(point: str, captured: set[str]) -> bool:
+    """Whether a point is attention's output, or the first point after it where an engine's map captures none
+    (llama.cpp's o_proj)."""
+    layer, name = parse(point)
+    return name == "attn" or (name == "o_proj" and layer_point(layer, "attn") not in captured)
 
 
 def jump(points: pd.DataFrame, index: int, forced: bool = False) -> float:
@@ -95,7 +110,7 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
              param_note: str, k: float, decode: Decode, ending: str = "", missing_map: str = "",
              near_tie: bool = False, routing: pd.DataFrame | None = None,
              adapter: dict[str, Any] | None = None, forced: bool = False, run_reading: str = "",
-             shards: dict[str, ShardReading] | None = None) -> Localisation:
+             shards: dict[str, ShardReading] | None = None, caches: dict[str, str] | None = None) -> Localisation:
     """points: against_floor() (or, forced, against_forced_floor()) output for this engine vs the reference, in
     forward order. ending: how the engines stop at different steps when the run judged them apart with no differing
     token to look at. missing_map: why no point inside the model was captured by both (only the logits were
@@ -104,7 +119,7 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
     (harness.compare.routing.classify). adapter: both engines' LoRA updates compared
     (harness.explain.adapter_reading.compare). forced: the engine's layers started from the reference's input.
     shards: a tensor-parallel engine's split points, where in its ranks each one's difference lives
-    (harness.core.shards)."""
+    (harness.core.shards). caches: each engine's KV cache dtype where it holds the cache below full precision."""
     if set(points["point"]) <= {"logits"}:
         return _logits_only(points, case_id=case_id, engine=engine, reference=reference, prompt_equal=prompt_equal,
                             divergence=divergence, nonfinite=nonfinite, k=k, decode=decode, ending=ending,
@@ -137,7 +152,8 @@ def localise(points: pd.DataFrame, *, case_id: str, engine: str, reference: str,
         index = int(np.flatnonzero(points["leaves_floor"].to_numpy())[0])
         row = points.iloc[index]
         cause = candidate_cause(row["point"], row["component"], fused.get(reference, set()),
-                                fused.get(engine, set()), reference, engine)
+                                fused.get(engine, set()), reference, engine,
+                                caches if reads_attention(row["point"], set(points["point"])) else None)
         grew = jump(points, index, forced)
         base["out_of_floor"] = {"point": row["point"], "layer": int(row["layer"]), "component": row["component"],
                                 "cause": cause, "error": float(row["error"]), "floor": float(row["floor"]),

@@ -390,7 +390,9 @@ def _explain_engine(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFr
                                                                      for t in (ref_trace, trace))))),
                    near_tie=verdict["verdict"] == "benign_tie", routing=routed,
                    adapter=adapter_difference(ref_trace, trace, name), forced=result.forced,
-                   run_reading=_not_a_tie(verdict["explanation"]), shards=shard_readings(trace.metadata))
+                   run_reading=_not_a_tie(verdict["explanation"]), shards=shard_readings(trace.metadata),
+                   caches={who: t.metadata["kv_cache"] for who, t in ((ref, ref_trace), (name, trace))
+                           if t.metadata.get("kv_cache")})
     return loc, frame, points, routed
 
 

@@ -1,8 +1,9 @@
 """How engines are deployed. scenarios/tensor-parallel.yaml: vLLM split over two tensor-parallel ranks, offline and as
 a server, against one rank (the tensor_parallel knob); `parity explain` capturing inside every rank of a two-rank
 engine, clean and with a fault planted in one rank's shard. scenarios/compile.yaml: compiled graphs against eager mode
-(the compile knob) on HF, vLLM and its server, and explain on a compiled engine. One `parity explain` of both files
-serves the module."""
+(the compile knob) on HF, vLLM and its server, and explain on a compiled engine. scenarios/kv-cache-explain.yaml:
+fp8 and q8_0 KV caches judged as drift and explained, a cache fault in one layer named. One `parity explain` of the
+three files serves the module."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import pytest
 
 from helpers import SCENARIOS, ParityRun, parity
 
+FILES = ("tensor-parallel.yaml", "compile.yaml", "kv-cache-explain.yaml")
+
 
 @pytest.fixture(scope="module")
 def both(tmp_path_factory) -> dict[str, ParityRun]:
     out = tmp_path_factory.mktemp("deployments")
-    run = parity("explain", str(SCENARIOS / "tensor-parallel.yaml"), str(SCENARIOS / "compile.yaml"), out=out)
+    run = parity("explain", *(str(SCENARIOS / name) for name in FILES), out=out)
     assert run.code == 0, run.stdout[-3000:] + run.stderr[-2000:]
     return {run_dir.name.split("-", 2)[2]: ParityRun(run.code, run.stdout, run.stderr, run_dir)
             for run_dir in sorted(out.iterdir())}
@@ -103,3 +106,34 @@ def test_explain_on_a_compiled_engine_says_it_captured_eager_mode(compiled: Pari
     assert any("vllm-compiled: captured in eager mode" in note and "inside the compiled graph" in note
                for note in data["notes"]), data["notes"]
     assert localisations(compiled)["vllm-compiled"]["cause"] == "none"
+
+
+@pytest.fixture(scope="module")
+def caches(both: dict[str, ParityRun]) -> ParityRun:
+    return both["kv-cache-explain"]
+
+
+def test_quantised_caches_are_drift_within_their_gates(caches: ParityRun) -> None:
+    drift = pd.read_parquet(caches.run_dir / "drift.parquet").set_index("engine")
+    assert set(drift.index) == {"vllm-fp8", "llamacpp-q8_0"} and drift.expected.all()
+    assert (drift.mean_kld > 0).all() and drift.loc["vllm-fp8", "against"] == "vllm"
+
+
+@pytest.mark.parametrize(("engine", "point", "held"), [
+    ("vllm-fp8", "layers.0.attn", "vllm-fp8 holds it in fp8"),
+    ("vllm-fp8-layer1", "layers.1.attn", "vllm-fp8-layer1 holds it in fp8, except layers 0"),
+    ("llamacpp-q8_0", "layers.0.o_proj", "llamacpp-q8_0 holds it in q8_0")])
+def test_a_quantised_cache_is_read_at_attention_and_named_as_the_cause(caches: ParityRun, engine: str, point: str,
+                                                                      held: str) -> None:
+    """The first point out of the floor is attention's output (llama.cpp's map has none: o_proj, the first after it);
+    the cause names the cache's dtype from the engine's configuration. The planted control quantises layer 1's cache
+    alone and is named at layer 1, layer 0 inside its floor."""
+    loc = localisations(caches)[engine]
+    assert loc["cause"] == "component" and loc["out_of_floor"]["point"] == point, loc["verdict"]
+    assert loc["out_of_floor"]["cause"].startswith(f"the KV cache: {held} (its configuration)")
+
+
+def test_a_full_cache_beside_them_stays_inside_every_floor(caches: ParityRun) -> None:
+    loc = localisations(caches)["vllm"]
+    assert loc["cause"] == "none", loc["verdict"]
+    assert caches.meta["engines"]["vllm-fp8-layer1"]["versions"]["kv_cache"] == "fp8, except layers 0"
