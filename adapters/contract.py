@@ -122,6 +122,23 @@ def request_knobs(name: str, options: Any, server: bool) -> Knob:
 
 
 @dataclass(frozen=True)
+class LogprobMeaning:
+    """What an engine returns as a token's logprob. kind in vLLM's words for the four (raw_logprobs, raw_logits,
+    processed_logprobs, processed_logits; unknown where the engine does not say): raw is the model's distribution
+    before any processing, processed is after the sampler's (penalties, temperature, top-k/top-p...)."""
+
+    kind: str
+    how: str  # where the numbers come from, in words
+
+    @property
+    def processed(self) -> bool:
+        return self.kind.startswith("processed")
+
+
+RAW_LOGPROBS = LogprobMeaning("raw_logprobs", "the log-softmax of the model's logits, before any processing")
+
+
+@dataclass(frozen=True)
 class EngineDescription:
     """Everything the harness needs to know about an engine. Registered by the engine's module (built-in) or through
     the `llm_parity.engines` entry-point group (third-party)."""
@@ -158,6 +175,8 @@ class EngineDescription:
     # options -> why this configuration needs a CUDA GPU (None: it does not), for an engine that runs on the CPU or a
     # GPU as its options say (requirement.cuda: an engine that runs on a GPU only)
     on_cuda: Callable[[Any], str | None] | None = None
+    # options -> what it returns as a logprob (unset: the raw distribution's, as Capabilities.logprobs says)
+    logprobs: Callable[[Any], LogprobMeaning] | None = None
 
     @property
     def factory(self) -> str:
@@ -185,6 +204,9 @@ class EngineDescription:
         if not self.capabilities.beam_search:
             return "has no beam search"
         return self.beam_refusal(self.parse_options(options)) if self.beam_refusal else None
+
+    def logprob_meaning(self, options: dict[str, Any]) -> LogprobMeaning:
+        return self.logprobs(self.parse_options(options)) if self.logprobs else RAW_LOGPROBS
 
     def dialect_name(self, options: dict[str, Any]) -> str | None:
         return self.dialect(self.parse_options(options)) if self.dialect else None

@@ -237,7 +237,7 @@ def transplant_and_print(scenario: LoadedScenario, out: Path, selection: Selecti
 def params_and_print(scenario: LoadedScenario, selection: Selection, all_rows: bool) -> int:
     from harness import models
     from harness.plan.plans import select_engines, unavailable_engines
-    from harness.semantics import agents, effective
+    from harness.semantics import agents, effective, logprobs
 
     names = select_engines(scenario, selection.engines, need_reference=False)
     skipped = unavailable_engines(scenario, names, selection.allow_missing, need_reference=False, device=False)
@@ -255,6 +255,8 @@ def params_and_print(scenario: LoadedScenario, selection: Selection, all_rows: b
             for note in e.notes:
                 console.print(f"  {name}: {note}", highlight=False, markup=False)
         rejected |= any(e.rejected for e in by_engine.values())
+    print_table(f"what each engine returns as a logprob: {scenario.name}", logprobs.HEADERS,
+                logprobs.rows(scenario, names))
     if agents.wanted(scenario):
         print_table(f"agent requests: {scenario.name}", agents.HEADERS, agents.rows(scenario, names))
     for name in names:  # the weights an engine runs where they are not the model folder's (a GGUF's real types)

@@ -20,6 +20,7 @@ from adapters.contract import (
     EngineDescription,
     InProcessOptions,
     Knob,
+    LogprobMeaning,
     Requirement,
     SamplingCode,
     apply_patch,
@@ -50,6 +51,9 @@ class Options(InProcessOptions):
     # torch.compile the model's forward (inductor, dynamic shapes: one graph for every length) for generation; traced
     # passes call the decoder's layers eagerly
     compile: bool = False
+    # raw_logprobs: the log-softmax of generate()'s output_logits; processed_logprobs: of its output_scores, after
+    # its logits processors (penalties, temperature, truncation), as vLLM's processed_logprobs
+    logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = "raw_logprobs"
 
     @field_validator("device")
     @classmethod
@@ -159,6 +163,11 @@ class EosForbidden:
         return scores
 
 
+HF_LOGPROBS = {
+    "raw_logprobs": LogprobMeaning("raw_logprobs", "the log-softmax of generate()'s output_logits, before its logits "
+                                   "processors (beam search: the search's own scores, after them)"),
+    "processed_logprobs": LogprobMeaning("processed_logprobs", "the log-softmax of generate()'s output_scores, after "
+                                         "its logits processors (penalties, temperature, truncation)")}
 EAGER_CAPTURE = ("captured in eager mode: a traced pass calls the decoder's layers directly, outside the compiled "
                  "forward the run generated with (hooks do not fire inside a compiled graph); what compiling changes "
                  "is the run's answers (the compile knob)")
@@ -249,13 +258,16 @@ class Engine:
             input_ids[row, width - len(request.prompt_ids):] = torch.tensor(request.prompt_ids)
             attention[row, width - len(request.prompt_ids):] = 1
         started = time.perf_counter()
+        processed = self.options.logprobs_mode == "processed_logprobs"
         with torch.inference_mode():
             out = self.model.generate(input_ids=input_ids.to(self.model.device),
                                       attention_mask=attention.to(self.model.device), pad_token_id=self.pad_id,
-                                      return_dict_in_generate=True, output_logits=True, **kwargs)
+                                      return_dict_in_generate=True, output_logits=True, output_scores=processed,
+                                      **kwargs)
         elapsed = time.perf_counter() - started
         generated = out.sequences[:, width:]
-        logprobs = torch.stack(out.logits, dim=1).float().log_softmax(dim=-1)  # [batch, steps, vocab], raw logits
+        steps = out.scores if processed else out.logits  # processed: after generate()'s logits processors
+        logprobs = torch.stack(steps, dim=1).float().log_softmax(dim=-1)  # [batch, steps, vocab]
         k = batch[0].top_logprobs
         for row, request in enumerate(batch):
             ids = generated[row].tolist()
@@ -462,4 +474,5 @@ DESCRIPTION = EngineDescription(
                               beam_search=True),
     batch_size=16,  # generate() keeps every step's logits of the batch: 16 rows of SmolLM2 x 32 steps are 100 MB
     sampling=lambda options: SamplingCode("adapters.sampling.hf"), knobs=knobs,
-    worker_reuse=lambda options: (), lora=LORA_RULES)
+    worker_reuse=lambda options: (), lora=LORA_RULES,
+    logprobs=lambda options: HF_LOGPROBS[options.logprobs_mode])

@@ -27,6 +27,7 @@ from adapters.contract import (
     Capabilities,
     EngineDescription,
     EngineOptions,
+    LogprobMeaning,
     OwnBosRule,
     Requirement,
     SamplingCode,
@@ -398,4 +399,6 @@ DESCRIPTION = EngineDescription(
     sampling=lambda options: SamplingCode("adapters.sampling.llamacpp", {
         "mode": "library", "last_n_tokens": options.last_n_tokens, "gguf": options.gguf}),
     prepare=llamacpp_gguf.prepare, weights=lambda model_path, options: llamacpp_gguf.weights(model_path, options.gguf),
-    own_bos=lambda options: user_gguf_bos(options.gguf), lora=LORA_RULES)
+    own_bos=lambda options: user_gguf_bos(options.gguf), lora=LORA_RULES,
+    logprobs=lambda options: LogprobMeaning("raw_logprobs", "the log-softmax of llama.cpp's logits (llm.scores), "
+                                            "computed here before its sampler"))

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from adapters.contract import Capabilities, EngineDescription, Requirement, SamplingCode
+from adapters.contract import Capabilities, EngineDescription, LogprobMeaning, Requirement, SamplingCode
 from adapters.engines import llamacpp_gguf
 from adapters.engines.gguf_tensors import describe
 from adapters.engines.llamacpp import (
@@ -190,4 +190,6 @@ DESCRIPTION = EngineDescription(
         "gguf": None if options.url else options.gguf}),
     dialect=lambda options: DIALECT,
     weights=lambda model_path, options: None if options.url else llamacpp_gguf.weights(model_path, options.gguf),
-    own_bos=lambda options: None if options.url else user_gguf_bos(options.gguf), lora=LORA_RULES)
+    own_bos=lambda options: None if options.url else user_gguf_bos(options.gguf), lora=LORA_RULES,
+    logprobs=lambda options: LogprobMeaning("raw_logprobs", "llama-cpp-python's server: the log-softmax of the "
+                                            "logits, before its sampler"))

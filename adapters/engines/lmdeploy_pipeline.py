@@ -17,6 +17,7 @@ from adapters.contract import (
     EngineDescription,
     EngineOptions,
     Knob,
+    LogprobMeaning,
     Requirement,
     SamplingCode,
     request_knobs,
@@ -115,7 +116,8 @@ DESCRIPTION = EngineDescription(
     capabilities=Capabilities(dtypes=LMDEPLOY_DTYPES),
     sampling=lambda options: SamplingCode("adapters.sampling.lmdeploy", {"mode": "pipeline",
                                                                          "defaults": options.defaults}),
-    knobs=lambda name, options: knobs(name, options))
+    knobs=lambda name, options: knobs(name, options),
+    logprobs=lambda options: LogprobMeaning("raw_logprobs", "lmdeploy's logprobs_mode raw_logprobs, pinned here"))
 
 
 def knobs(name: str, options: Options) -> Knob:

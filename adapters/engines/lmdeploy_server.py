@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from adapters.contract import Capabilities, EngineDescription, Knob, Requirement, SamplingCode
+from adapters.contract import Capabilities, EngineDescription, Knob, LogprobMeaning, Requirement, SamplingCode
 from adapters.engines.lmdeploy_pipeline import LMDEPLOY_DTYPES
 from adapters.engines.openai import attached_knobs
 from adapters.engines.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
@@ -70,7 +70,10 @@ DESCRIPTION = EngineDescription(
     sampling=lambda options: SamplingCode("adapters.sampling.lmdeploy", {
         "mode": "server", "defaults": options.defaults,
         "generation_config": options.generation_config if not options.url else "auto"}),
-    dialect=lambda options: "lmdeploy", knobs=lambda name, options: knobs(name, options))
+    dialect=lambda options: "lmdeploy", knobs=lambda name, options: knobs(name, options),
+    logprobs=lambda options: LogprobMeaning(
+        "unknown" if options.url else "raw_logprobs",
+        "as the server was started" if options.url else "lmdeploy's --logprobs-mode raw_logprobs, pinned at start"))
 
 
 def knobs(name: str, options: Options) -> Knob:

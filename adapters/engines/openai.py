@@ -22,6 +22,7 @@ from adapters.contract import (
     EngineDescription,
     EngineOptions,
     Knob,
+    LogprobMeaning,
     LoraRules,
     Requirement,
     greedy_ignored,
@@ -275,7 +276,9 @@ DESCRIPTION = EngineDescription(
     sampling=lambda options: DIALECTS[options.dialect].sampling_code(options.defaults),
     dialect=lambda options: options.dialect, knobs=lambda name, options: attached_knobs(name, options),
     # the server applies it: requests name its served name, the rank and modules are the server's business
-    lora=LoraRules(source="the server's own LoRA support (requests name the adapter's served name)"))
+    lora=LoraRules(source="the server's own LoRA support (requests name the adapter's served name)"),
+    logprobs=lambda options: LogprobMeaning("unknown", "as the server computes them: an OpenAI-compatible server does "
+                                            "not say whether before or after its sampler"))
 
 
 def attached_knobs(name: str, options: ClientOptions) -> Knob:

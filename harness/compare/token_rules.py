@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from harness.compare.diff import apply_ties, compare, error_rows
 from harness.compare.ending import UNKNOWN, Ending
+from harness.compare.logprob_kinds import kinds_apart
 from harness.compare.own_top1 import OffTop1, off_top1
 from harness.compare.tie_noise import TieEvidence, margin_words, tie_bounds
 from harness.core.prompt_notes import made_by
@@ -100,10 +101,15 @@ def judge(scenario: LoadedScenario, results: dict[tuple[str, str], Result], deco
         hazards = [_hazard(refs[i], others[i], off, case, decode)
                    for i, case in enumerate(scenario.cases)]
         frame.loc[[bool(h) for h in hazards], "verdict"] = "hazard"
-        frame["expected"] = _expected(frame, expectation)
+        meanings = [scenario.description(n).logprob_meaning(spec.engines[n].options) for n in (ref_name, engine)]
+        processed_side = engine if meanings[1].processed else ref_name  # whose sampler made its logprobs
+        apart = [kinds_apart(ref_name, meanings[0], engine, meanings[1], case.engine_params[processed_side])
+                 for case in scenario.cases]
+        frame["expected"] = _expected(frame, expectation, np.array([bool(a) for a in apart]))
         frame["explanation"] = [
-            hazard or _explain(row, refs[i], others[i], case.engine_params[ref_name], case.engine_params[engine],
-                               decode, off, TieReading(ties, expectation.tie_margin), endings or {})
+            "; ".join(filter(None, [apart[i], hazard or _explain(
+                row, refs[i], others[i], case.engine_params[ref_name], case.engine_params[engine], decode, off,
+                TieReading(ties, expectation.tie_margin), endings or {})]))
             for i, (case, row, hazard) in enumerate(zip(scenario.cases, frame.itertuples(), hazards, strict=True))]
         frames.append(frame)
     if not frames:  # only the reference ran (parity transplant): nothing to compare
@@ -112,11 +118,14 @@ def judge(scenario: LoadedScenario, results: dict[tuple[str, str], Result], deco
     return table.reindex(columns=COLUMNS)
 
 
-def _expected(frame: pd.DataFrame, expectation) -> pd.Series:
+def _expected(frame: pd.DataFrame, expectation, kinds_apart: np.ndarray) -> pd.Series:
+    """kinds_apart: the cases whose two logprobs are not the same quantity (harness.compare.logprob_kinds): their
+    difference is no drift and is not held to max_logprob_delta."""
     allowed = {"exact": {"match"}, "benign_ties": {"match", "benign_tie"},
                "any": {"match", "benign_tie", "diverged"}}[expectation.tokens]  # a hazard is never expected
     ok = frame["verdict"].isin(allowed)
     if expectation.max_logprob_delta is not None and "max_abs_logprob_delta" in frame:
+        frame = frame.assign(max_abs_logprob_delta=frame["max_abs_logprob_delta"].where(~kinds_apart, 0.0))
         delta = frame["max_abs_logprob_delta"]
         # apart with no drift measured (the reference's token not even in the engine's top-k at a first-step
         # divergence): the bound cannot hold, and does not pass unread

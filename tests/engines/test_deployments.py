@@ -2,8 +2,9 @@
 a server, against one rank (the tensor_parallel knob); `parity explain` capturing inside every rank of a two-rank
 engine, clean and with a fault planted in one rank's shard. scenarios/compile.yaml: compiled graphs against eager mode
 (the compile knob) on HF, vLLM and its server, and explain on a compiled engine. scenarios/kv-cache-explain.yaml:
-fp8 and q8_0 KV caches judged as drift and explained, a cache fault in one layer named. One `parity explain` of the
-three files serves the module."""
+fp8 and q8_0 KV caches judged as drift and explained, a cache fault in one layer named. scenarios/logprob-kinds.yaml:
+raw against processed logprobs under a penalty, said as a difference in kind, a fault beside them still named. One
+`parity explain` of the four files serves the module."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from helpers import SCENARIOS, ParityRun, parity
 
-FILES = ("tensor-parallel.yaml", "compile.yaml", "kv-cache-explain.yaml")
+FILES = ("tensor-parallel.yaml", "compile.yaml", "kv-cache-explain.yaml", "logprob-kinds.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +138,39 @@ def test_a_full_cache_beside_them_stays_inside_every_floor(caches: ParityRun) ->
     loc = localisations(caches)["vllm"]
     assert loc["cause"] == "none", loc["verdict"]
     assert caches.meta["engines"]["vllm-fp8-layer1"]["versions"]["kv_cache"] == "fp8, except layers 0"
+
+
+@pytest.fixture(scope="module")
+def kinds(both: dict[str, ParityRun]) -> pd.DataFrame:
+    return both["logprob-kinds"].verdicts.set_index(["engine", "case_id"])
+
+
+@pytest.mark.parametrize("engine", ["vllm-processed", "hf-processed"])
+def test_processed_logprobs_under_a_penalty_are_a_difference_in_kind(kinds: pd.DataFrame, engine: str) -> None:
+    """Greedy with repetition_penalty 1.3: the same tokens as HF, logprobs apart by the penalty (0.36 nats measured),
+    said as raw against processed and not judged as drift; without a penalty both kinds are the same numbers."""
+    for case in ("story", "capital"):
+        penalised = kinds.loc[(engine, f"{case}[repetition_penalty=1.3]")]
+        assert penalised.verdict == "match" and penalised.expected, penalised.explanation
+        assert penalised.explanation.startswith(f"logprobs differ in kind, not numerics: {engine} returns "
+                                                "processed_logprobs, hf raw_logprobs")
+        plain = kinds.loc[(engine, f"{case}[repetition_penalty=1.0]")]
+        assert plain.max_abs_logprob_delta < 1e-3 and "differ in kind" not in plain.explanation
+    assert kinds.loc[(engine, "story[repetition_penalty=1.3]")].max_abs_logprob_delta > 0.1
+
+
+def test_a_real_fault_beside_them_is_still_named(kinds: pd.DataFrame) -> None:
+    """Processed logprobs and a fault in vLLM's layer 1: the tokens diverge on every case, penalised or not, and the
+    kinds' reading leaves the divergence named."""
+    fault = kinds.loc["processed-fault"]
+    assert set(fault.verdict) == {"diverged"}, fault.explanation.to_dict()
+    assert all("diverged at step" in text for text in fault.explanation)
+    assert set(kinds.loc["vllm"].verdict) == {"match"}
+
+
+def test_params_says_what_each_engine_returns_as_a_logprob() -> None:
+    shown = parity("params", str(SCENARIOS / "logprob-kinds.yaml"))
+    assert shown.code == 0, shown.stderr[-2000:]
+    assert "what each engine returns as a logprob" in shown.stdout
+    assert "| vllm-processed | processed_logprobs | vLLM's logprobs_mode processed_logprobs" in shown.stdout
+    assert "| hf | raw_logprobs | the log-softmax of generate()'s output_logits" in shown.stdout
