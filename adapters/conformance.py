@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     def llamacpp_server_engine(setup: EngineSetup) -> ScoringEngine:
         return llamacpp_server.Engine(setup)
 
-    def vllm_server_engine(setup: EngineSetup) -> Engine:
+    def vllm_server_engine(setup: EngineSetup) -> ScoringEngine:
         return vllm_server.Engine(setup)
 
     def openai_engine(setup: EngineSetup) -> Engine:

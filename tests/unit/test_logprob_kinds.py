@@ -33,3 +33,10 @@ def test_raw_against_processed_is_a_difference_in_kind_only_where_params_process
 def test_logits_are_never_compared_as_logprobs() -> None:
     said = kinds_apart("hf", RAW_LOGPROBS, "vllm", LOGITS, SamplingParams(temperature=0))
     assert "logits are no logprobs" in said
+
+
+def test_a_server_returning_logits_does_not_score() -> None:
+    from adapters.engines.vllm_scoring import logits_refusal
+
+    assert logits_refusal("raw_logprobs") == "" and logits_refusal("processed_logprobs") == ""
+    assert "logprobs_mode raw_logits, so its prompt logprobs are logits too" in logits_refusal("raw_logits")
