@@ -148,3 +148,11 @@ def test_the_html_report_shows_the_routing_view(runs: dict[str, ParityRun]) -> N
     assert "color:#cf222e'>x</b>" in page  # the shifted rule's flips without a tie
     summary = (run.run_dir / "explain" / "summary.md").read_text()
     assert "Chosen experts per layer and position" in summary and "layer 1: " in summary
+
+
+def test_a_two_rank_engine_routes_alike_within_the_floor(runs: dict[str, ParityRun]) -> None:
+    """vLLM split over two tensor-parallel ranks (moe-qwen3_moe.yaml's vllm-tp2): every layer captured in both ranks
+    and joined, and the chosen experts read in rank 0, compared at every (layer, position) as a one-rank engine's."""
+    sharded = located(runs["qwen3_moe"])["vllm-tp2"]
+    assert sharded["cause"] == "none", sharded["verdict"]
+    assert sharded["routing"]["kind"] == "same", sharded["routing"]
