@@ -134,10 +134,24 @@ def test_killed_harness_then_resume_skips_a_torn_line(tmp_path: Path, uninterrup
     assert_same_content(run_dir, uninterrupted)
 
 
+def _computing(pid: int, window: float = 0.3) -> bool:
+    """Whether a process spends most of a short window on the CPU (a worker inside a case, not waiting for one)."""
+    def ticks() -> int:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+
+    before = ticks()
+    time.sleep(window)
+    return (ticks() - before) / os.sysconf("SC_CLK_TCK") > window / 2
+
+
 def test_killed_worker_then_resume_runs_its_case_again(tmp_path: Path, uninterrupted: Path) -> None:
     proc, run_dir = interrupted_run(tmp_path, LONG, "victim", 2)
-    time.sleep(1)  # into the next case: a kill between a result and its batch's end would cost no case
-    os.kill(int((run_dir / "engines" / "victim" / "worker.pid").read_text()), signal.SIGKILL)
+    pid = int((run_dir / "engines" / "victim" / "worker.pid").read_text())
+    # killed inside a case, not between two (a worker killed while it waits for its next case costs no case): on a
+    # loaded machine a fixed delay after the journal's second line could land between cases
+    wait_for(lambda: _computing(pid), timeout=60)
+    os.kill(pid, signal.SIGKILL)
     proc.communicate(timeout=300)
     assert proc.returncode == 1  # the run went on; the killed worker's case is an engine error
     killed = pd.read_parquet(run_dir / "verdicts.parquet").query("verdict == 'engine_error'")
