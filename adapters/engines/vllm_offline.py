@@ -150,7 +150,7 @@ def engine_env(workdir: Path, options: Options, sockets: Path) -> dict[str, str]
     cache in the run dir made every run a cold start)."""
     cache, compiled = workdir / "cache", cache_root() / "compile"
     return {
-        "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(options.kv_cache_gib))),
+        **cache_space(options.kv_cache_gib),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if options.multiprocessing else "0",
         # one rank: its threads come from OMP_NUM_THREADS, set by the harness; several: each bound to its own cores
         "VLLM_CPU_OMP_THREADS_BIND": rank_binding(ranks) if (ranks := options.tensor_parallel_size) > 1 else "nobind",
@@ -163,6 +163,13 @@ def engine_env(workdir: Path, options: Options, sockets: Path) -> dict[str, str]
         "DO_NOT_TRACK": "1",
         "VLLM_BATCH_INVARIANT": "1" if getattr(options, "batch_invariant", False) else "0",
     }
+
+
+def cache_space(gib: float) -> dict[str, str]:
+    """VLLM_CPU_KVCACHE_SPACE, whole GiB only (vLLM reads it as an integer and it overrides kv_cache_memory_bytes):
+    below 1 GiB it is left unset (and removed from the environment where set), so the exact bytes asked for apply
+    (the engine's kv_cache_memory_bytes, the server's --kv-cache-memory-bytes)."""
+    return {"VLLM_CPU_KVCACHE_SPACE": str(round(gib))} if gib >= 1 else {}
 
 
 def prepare_env(workdir: Path, options: Options, sockets: Path) -> dict[str, str]:
@@ -284,6 +291,8 @@ class Engine:
             raise RuntimeError(problem)
         env = prepare_env(workdir, self.options, self.sockets)
         os.environ.update(env)
+        if "VLLM_CPU_KVCACHE_SPACE" not in env:  # a cache under 1 GiB: the exact bytes below apply
+            os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
         if "vllm.envs" in sys.modules:  # a worker reused after another vLLM engine: vLLM cached its environment
             sys.modules["vllm.envs"].disable_envs_cache()
         from vllm import LLM
@@ -587,7 +596,8 @@ def reuse_settings(options: Options) -> tuple | None:
     the engine)."""
     if options.multiprocessing or options.speculative or options.tensor_parallel_size > 1:
         return None
-    return max(1, round(options.kv_cache_gib)), options.batch_invariant
+    gib = options.kv_cache_gib
+    return (max(1, round(gib)) if gib >= 1 else gib), options.batch_invariant
 
 
 DESCRIPTION = EngineDescription(

@@ -99,6 +99,8 @@ def command(setup: EngineSetup, port: int, options: Options) -> list[str]:
         cmd += ["--max-num-batched-tokens", str(options.max_num_batched_tokens)]
     if options.speculative:
         cmd += ["--speculative-config", json.dumps(options.speculative)]
+    if options.kv_cache_gib < 1:  # VLLM_CPU_KVCACHE_SPACE takes whole GiB only
+        cmd += ["--kv-cache-memory-bytes", str(int(options.kv_cache_gib * 2**30))]
     if options.logprobs_mode != "raw_logprobs":
         cmd += ["--logprobs-mode", options.logprobs_mode]
     if options.kv_cache_dtype != "auto":
@@ -148,6 +150,8 @@ class Engine(ServedEngine):
                                      tensor_parallel_size=self.options.tensor_parallel_size)
         sockets = socket_dir(setup.workdir)  # the last thing made here: nothing below raises before Launch owns it
         env = {**os.environ, **prepare_env(setup.workdir, env_options, sockets)}
+        if self.options.kv_cache_gib < 1:  # the exact bytes of --kv-cache-memory-bytes apply, not whole GiB
+            env.pop("VLLM_CPU_KVCACHE_SPACE", None)
         self.threads_bind = env["VLLM_CPU_OMP_THREADS_BIND"]
         env.pop("VLLM_API_KEY", None)  # a shell's own key would make the server demand one the harness never sends
         if key is not None:  # the key goes in the environment, never on the command line (ps shows that)

@@ -41,3 +41,18 @@ def test_an_fp8_vllm_cache_needs_avx512(monkeypatch) -> None:
                                                        "cache with AVX-512 kernels, which this processor lacks")
     monkeypatch.setattr(Path, "read_text", lambda self: "flags\t\t: fpu avx2 avx512f avx512bw")
     assert fp8_cache_problem("fp8") is None
+
+
+def test_a_vllm_cache_under_one_gib_is_asked_in_bytes() -> None:
+    """vLLM reads VLLM_CPU_KVCACHE_SPACE as whole GiB and lets it override the bytes asked for: below 1 GiB it is left
+    unset, and the server gets --kv-cache-memory-bytes."""
+    from adapters.engines.vllm_offline import cache_space
+    from adapters.engines.vllm_server import Options as ServerOptions
+    from adapters.engines.vllm_server import command
+    from harness.core.types import EngineSetup
+
+    assert cache_space(2.0) == {"VLLM_CPU_KVCACHE_SPACE": "2"} and cache_space(0.25) == {}
+    setup = EngineSetup(name="s", model_path=Path("/m"), dtype="float32", options={}, workdir=Path("/w"))
+    cmd = command(setup, 8000, ServerOptions(kv_cache_gib=0.25))
+    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(2**28)
+    assert "--kv-cache-memory-bytes" not in command(setup, 8000, ServerOptions())
